@@ -1,0 +1,133 @@
+"""The podsnap protocol: every name that crosses a process or API boundary.
+
+Operator, agent, engine and workload SDK all import these names from here, and the chart's CRDs are
+checked against them by tests, so a rename is one edit. Parsers ignore unknown keys, so an older
+reader survives a newer writer. File and env names match NVIDIA Dynamo's snapshot contract, so
+Dynamo-instrumented workers work unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+# --- Kubernetes API -------------------------------------------------------------------------
+GROUP: Final = "podsnap.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+
+KIND_SNAPSHOT_JOB: Final = "SnapshotJob"
+KIND_POD_SNAPSHOT: Final = "PodSnapshot"
+KIND_POD_SNAPSHOT_CONTENT: Final = "PodSnapshotContent"
+KIND_SNAPSHOT_POLICY: Final = "SnapshotPolicy"
+
+PLURAL_SNAPSHOT_JOBS: Final = "snapshotjobs"
+PLURAL_POD_SNAPSHOTS: Final = "podsnapshots"
+PLURAL_POD_SNAPSHOT_CONTENTS: Final = "podsnapshotcontents"
+PLURAL_SNAPSHOT_POLICIES: Final = "snapshotpolicies"
+
+#: kind -> (plural, singular, short names, namespaced)
+CRDS: Final[dict[str, tuple[str, str, tuple[str, ...], bool]]] = {
+    KIND_SNAPSHOT_JOB: (PLURAL_SNAPSHOT_JOBS, "snapshotjob", ("snapjob",), True),
+    KIND_POD_SNAPSHOT: (PLURAL_POD_SNAPSHOTS, "podsnapshot", ("podsnap",), True),
+    KIND_POD_SNAPSHOT_CONTENT: (PLURAL_POD_SNAPSHOT_CONTENTS, "podsnapshotcontent", ("podsnapcontent",), False),
+    KIND_SNAPSHOT_POLICY: (PLURAL_SNAPSHOT_POLICIES, "snapshotpolicy", ("snappolicy",), True),
+}
+
+# Finalizers (under podsnap's own API group).
+FINALIZER_SNAPSHOT: Final = f"{GROUP}/snapshot-protection"
+FINALIZER_CONTENT_ARTIFACT: Final = f"{GROUP}/artifact-cleanup"
+
+#: PodSnapshotContent objects are named from the PodSnapshot UID.
+CONTENT_NAME_PREFIX: Final = "podsnapshotcontent-"
+
+
+def content_name(snapshot_uid: str) -> str:
+    return f"{CONTENT_NAME_PREFIX}{snapshot_uid}"
+
+
+# --- labels and annotations -----------------------------------------------------------------
+LABEL_SNAPSHOT_NODE: Final = f"{GROUP}/snapshot-node"
+LABEL_SNAPSHOT_JOB: Final = f"{GROUP}/snapshot-job"
+LABEL_CHECKPOINT_SOURCE: Final = f"{GROUP}/checkpoint-source"
+LABEL_POLICY: Final = f"{GROUP}/snapshot-policy"
+LABEL_TEMPLATE_HASH: Final = f"{GROUP}/template-hash"
+#: set by the webhook on pods it shaped for restore, so agents can select them cheaply
+LABEL_RESTORE: Final = f"{GROUP}/restore"
+
+ANNOTATION_RESTORE_FROM: Final = f"{GROUP}/restore-from"
+ANNOTATION_SKIP_COMPAT_CHECK: Final = f"{GROUP}/skip-compat-check"
+ANNOTATION_RESTORED_CONTAINER_IDS: Final = f"{GROUP}/restored-container-ids"
+ANNOTATION_RESTORE_CONTAINER: Final = f"{GROUP}/restore-container"
+
+#: scheduling gate used by startupPolicy WaitForCheckpoint where the server supports gates
+SCHEDULING_GATE_WAIT: Final = f"{GROUP}/wait-for-checkpoint"
+
+# --- conditions and reasons -----------------------------------------------------------------
+POD_CONDITION_RESTORED: Final = f"{GROUP}/Restored"
+REASON_RESTORE_IN_PROGRESS: Final = "RestoreInProgress"
+REASON_RESTORE_SUCCEEDED: Final = "RestoreSucceeded"
+REASON_RESTORE_FAILED: Final = "RestoreFailed"
+REASON_RESTORE_INCOMPATIBLE: Final = "RestoreIncompatible"
+
+COND_READY: Final = "Ready"
+COND_FAILED: Final = "Failed"
+COND_RUNNING: Final = "Running"
+COND_CAPTURED: Final = "Captured"
+COND_COMPLETED: Final = "Completed"
+
+REASON_PENDING: Final = "Pending"
+REASON_POD_PENDING: Final = "PodPending"
+REASON_POD_READY: Final = "PodReady"
+REASON_CAPTURE_IN_PROGRESS: Final = "CaptureInProgress"
+REASON_CAPTURE_COMPLETED: Final = "CaptureCompleted"
+REASON_JOB_COMPLETED: Final = "JobCompleted"
+REASON_CAPTURE_FAILED: Final = "CaptureFailed"
+REASON_DEADLINE_EXCEEDED: Final = "DeadlineExceeded"
+REASON_SOURCE_COMPLETED_WITHOUT_CAPTURE: Final = "SourceCompletedWithoutCapture"
+REASON_INVALID_SPEC: Final = "InvalidSpec"
+
+# --- workload contract (file and env names shared with Dynamo) ------------------------------
+CONTROL_DIR_DEFAULT: Final = "/snapshot-control"
+CONTROL_VOLUME_NAME: Final = "snapshot-control"
+ENV_CONTROL_DIR: Final = "SNAPSHOT_CONTROL_DIR"
+ENV_CONTROL_DIR_DYNAMO: Final = "DYN_SNAPSHOT_CONTROL_DIR"
+ENV_RESTORE_STANDBY: Final = "SNAPSHOT_RESTORE_STANDBY"
+FILE_READY_FOR_SNAPSHOT: Final = "ready-for-snapshot"
+FILE_RESTORE_COMPLETE: Final = "restore-complete"
+FILE_RESTORE_CONTEXT: Final = "restore-context.json"
+RESTORE_CONTEXT_VERSION: Final = 1
+
+#: the inert command a restore pod's target container runs until the agent restores into it
+PLACEHOLDER_COMMAND: Final = ("sleep", "infinity")
+
+
+@dataclass(frozen=True)
+class RestoreContext:
+    """What the restored worker learns about its NEW pod (`restore-context.json`)."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    version: int = RESTORE_CONTEXT_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps({"version": self.version, "env": dict(self.env)}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> RestoreContext:
+        data: Any = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("restore-context.json: expected a JSON object")
+        version = data.get("version", RESTORE_CONTEXT_VERSION)
+        if not isinstance(version, int) or version < 1:
+            raise ValueError(f"restore-context.json: 'version' must be a positive integer, got {version!r}")
+        env = data.get("env") or {}
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise ValueError("restore-context.json: 'env' must map strings to strings")
+        # unknown keys are ignored on purpose: a newer agent may add fields
+        return cls(env=dict(env), version=version)
+
+
+def is_truthy(value: str | None) -> bool:
+    """Annotation and env flags: "true", "1", "yes" (any case) are true; anything else is false."""
+    return (value or "").strip().lower() in {"1", "true", "yes", "on"}
