@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from pathlib import Path
-
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 

@@ -198,7 +198,9 @@ class ControlPlane:
                 if sa == name and data:
                     return base64.b64decode(data).decode()
             time.sleep(0.3)
-        raise TimeoutError(f"no token Secret for ServiceAccount {namespace}/{name} (is kube-controller-manager running?)")
+        raise TimeoutError(
+            f"no token Secret for ServiceAccount {namespace}/{name} (is kube-controller-manager running?)"
+        )
 
     def stop(self) -> None:
         for proc in reversed(self.procs):

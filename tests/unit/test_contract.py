@@ -34,6 +34,8 @@ def test_every_crd_kind_has_a_distinct_plural_and_short_name() -> None:
     assert contract.CRDS[contract.KIND_POD_SNAPSHOT_CONTENT][3] is False
 
 
-@pytest.mark.parametrize(("value", "expected"), [("true", True), ("TRUE", True), ("1", True), ("no", False), (None, False)])
+@pytest.mark.parametrize(
+    ("value", "expected"), [("true", True), ("TRUE", True), ("1", True), ("no", False), (None, False)]
+)
 def test_truthy_flags(value: str | None, expected: bool) -> None:
     assert contract.is_truthy(value) is expected
