@@ -1,0 +1,171 @@
+"""`podsnap-run` as a real process: exit codes, signal forwarding, reaping, standby."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from podsnap import contract
+
+RUN = [sys.executable, "-m", "podsnap.workload.run"]
+
+
+def env(**extra: str) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if k != contract.ENV_RESTORE_STANDBY}
+    e.update(extra)
+    return e
+
+
+def wait_for(path: Path, timeout: float = 10.0) -> str:
+    deadline = time.monotonic() + timeout
+    while not path.exists() or not path.read_text():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+    return path.read_text()
+
+
+def children_of(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def zombies_of(pid: int) -> list[int]:
+    out = []
+    for child in children_of(pid):
+        try:
+            if (Path("/proc") / str(child) / "stat").read_text().split(") ")[1].startswith("Z"):
+                out.append(child)
+        except OSError:
+            pass
+    return out
+
+
+def as_subreaper() -> list[str]:
+    """podsnap-run started as a child subreaper, so orphans land on it as they would on PID 1."""
+    launcher = (
+        "import ctypes, os, sys; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); "
+        "os.execv(sys.executable, [sys.executable, '-m', 'podsnap.workload.run', *sys.argv[1:]])"
+    )
+    return [sys.executable, "-c", launcher]
+
+
+@pytest.mark.parametrize("code", [0, 3, 42])
+def test_exits_with_the_childs_status(code: int) -> None:
+    p = subprocess.run([*RUN, "--", "sh", "-c", f"exit {code}"], env=env(), timeout=30, check=False)
+    assert p.returncode == code
+
+
+def test_a_child_killed_by_a_signal_gives_128_plus_the_signal() -> None:
+    p = subprocess.run([*RUN, "--", "sh", "-c", "kill -KILL $$"], env=env(), timeout=30, check=False)
+    assert p.returncode == 128 + signal.SIGKILL
+
+
+def test_sigterm_is_forwarded_and_the_childs_own_exit_code_wins(tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    script = f"trap 'echo got-term > {tmp_path}/term; exit 7' TERM; echo $$ > {started}; while :; do sleep 0.05; done"
+    p = subprocess.Popen([*RUN, "--", "sh", "-c", script], env=env())
+    child = int(wait_for(started))
+    assert child != p.pid, "the worker must not be the entrypoint process itself"
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=10) == 7
+    assert (tmp_path / "term").read_text().strip() == "got-term"
+
+
+def test_orphans_are_reaped_while_the_child_runs(tmp_path: Path) -> None:
+    # the child forks grandchildren and exits them without waiting; as a subreaper podsnap-run adopts
+    # them (like PID 1 in a container) and must leave no zombie behind
+    started = tmp_path / "started"
+    script = f"(sleep 0.1 &) ; (sleep 0.1 &) ; echo $$ > {started}; sleep 3"
+    p = subprocess.Popen([*as_subreaper(), "--", "sh", "-c", script], env=env())
+    wait_for(started)
+    time.sleep(1.0)
+    try:
+        assert zombies_of(p.pid) == []
+    finally:
+        p.terminate()
+        p.wait(timeout=10)
+
+
+def test_no_command_is_a_usage_error() -> None:
+    p = subprocess.run([*RUN], env=env(), capture_output=True, text=True, timeout=30, check=False)
+    assert p.returncode == 2
+    assert "usage: podsnap-run -- CMD" in p.stderr
+
+
+def test_a_missing_command_exits_127_naming_it() -> None:
+    p = subprocess.run(
+        [*RUN, "--", "no-such-worker-binary"], env=env(), capture_output=True, text=True, timeout=30, check=False
+    )
+    assert p.returncode == 127
+    assert "no-such-worker-binary: command not found" in p.stderr
+
+
+def test_standby_runs_nothing_and_ends_on_sigterm(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    p = subprocess.Popen([*RUN, "--", "sh", "-c", f"touch {marker}"], env=env(**{contract.ENV_RESTORE_STANDBY: "1"}))
+    time.sleep(0.5)
+    assert p.poll() is None, "standby exited on its own"
+    assert not marker.exists(), "standby ran the command"
+    assert children_of(p.pid) == []
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=10) == 128 + signal.SIGTERM
+
+
+def test_standby_adopts_a_restored_worker_forwards_signals_and_exits_with_its_status(tmp_path: Path) -> None:
+    """Stand-in for the agent's restore: a process re-parented onto the standby entrypoint.
+
+    The agent's CRIU restore makes the worker a child of the container's PID 1; here the test makes
+    podsnap-run a subreaper and double-forks a worker below it, which the kernel then re-parents to it.
+    """
+    hand_over = tmp_path / "hand-over"
+    worker_pid = tmp_path / "worker-pid"
+    launcher = (
+        "import ctypes, os, subprocess, sys, time\n"
+        "ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)\n"
+        "if os.fork() == 0:\n"
+        f"    while not os.path.exists({str(hand_over)!r}): time.sleep(0.02)\n"
+        "    subprocess.Popen(['sh', '-c', "
+        f"\"trap 'exit 5' TERM; echo $$ > {worker_pid}; while :; do sleep 0.05; done\"], start_new_session=True)\n"
+        "    os._exit(0)\n"
+        f"os.execv(sys.executable, [sys.executable, '-m', 'podsnap.workload.run', '--', 'false'])\n"
+    )
+    p = subprocess.Popen([sys.executable, "-c", launcher], env=env(**{contract.ENV_RESTORE_STANDBY: "1"}))
+    time.sleep(0.5)
+    hand_over.write_text("go")
+    worker = int(wait_for(worker_pid))
+    deadline = time.monotonic() + 5
+    while worker not in children_of(p.pid):
+        assert time.monotonic() < deadline, "the worker was not re-parented onto podsnap-run"
+        time.sleep(0.02)
+    assert p.poll() is None
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=10) == 5
+
+
+def test_standby_timeout_cold_starts_the_command(tmp_path: Path) -> None:
+    marker = tmp_path / "cold"
+    p = subprocess.run(
+        [*RUN, "--standby-timeout", "0.3", "--", "sh", "-c", f"echo cold > {marker}; exit 4"],
+        env=env(**{contract.ENV_RESTORE_STANDBY: "true"}),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert p.returncode == 4
+    assert marker.read_text().strip() == "cold"
+    assert "no restore within 0.3s" in p.stderr
