@@ -1,0 +1,112 @@
+"""podsnap's node engine: checkpoint a process tree (CUDA + CRIU) into an artifact, restore it elsewhere.
+
+Kubernetes-free; the node agent and the `podsnap` CLI drive it. Import only from here.
+
+Capture (host PIDs; CRIU >= 4 found via PODSNAP_CRIU, .tools/bin/criu, PATH)::
+
+    from podsnap.engine import capture, CaptureOptions, CriuOptions
+    result = capture(pid, "/artifacts/snap-1", CaptureOptions(
+        namespace_pid=container_init_pid,     # run CRIU inside the pod's namespaces (None: on the host)
+        criu=CriuOptions(tcp="close"),        # container defaults: shell-job, file-locks, ext-unix-sk, ...
+        extra={"pod": {"name": ..., "uid": ...}},  # free-form manifest sections
+    ), progress=print)
+    result.artifact, result.manifest, result.timings_ms, result.bytes_total, result.cuda_pids
+
+    Steps: cuInit(0); Lock(30 s) + Checkpoint every CUDA pid of the tree; CRIU dump into a staging dir
+    next to `out`; manifest (host facts, tree, CUDA pids, per-file sha256); fsync; rename to `out`.
+    CRIU's dump ends the source. On any failure before that, CUDA is restored + unlocked so the source
+    keeps serving, the staging dir is removed, and CaptureError(phase=..., source_alive=...) is raised.
+
+Restore::
+
+    from podsnap.engine import restore, RestoreOptions
+    result = restore("/artifacts/snap-1", RestoreOptions(
+        namespace_pid=placeholder_init_pid,   # restore inside the placeholder's namespaces + cgroups
+        skip_compat=False,                    # True only for podsnap.io/skip-compat-check: "true"
+        gpu_map=None,                         # {old_uuid: new_uuid}; default: same UUIDs, else by index
+    ))
+    result.pid, result.ns_pid, result.pids, result.timings_ms, result.bytes_total, result.skipped_gates
+
+    Steps: verify every file's size + sha256 (ArtifactError names the file); gates arch, kernel, driver,
+    gpu-model, gpu-count, memory (CompatibilityError(gate, expected, found)); CRIU restore -d with a
+    pidfile; CUDA Restore + Unlock. Any failure kills what was restored and raises RestoreError.
+
+Both take `progress=callable(Progress)` (phase, done, total bytes, finished) for long phases, and
+`cuda=`/`criu=` to inject a CudaCheckpointer or a Criu (tests, other drivers).
+
+Errors (see `podsnap.engine.errors`): EngineError > CriuError, CudaError, ArtifactError,
+CompatibilityError, CaptureError, RestoreError.
+
+Also here: `read_manifest(dir)` and `verify(dir, manifest)` for the agent's status and GC,
+`check_compat(manifest, host_facts())` to report every failing gate, `remove_artifact(dir)`.
+"""
+
+from __future__ import annotations
+
+from podsnap.engine.artifact import read_manifest, verify
+from podsnap.engine.artifact import remove as remove_artifact
+from podsnap.engine.capture import capture
+from podsnap.engine.compat import GateFailure
+from podsnap.engine.compat import check as check_compat
+from podsnap.engine.criu import Criu, CriuBinary, CriuOptions, find_binary
+from podsnap.engine.cuda import CudaCheckpointer, DriverCuda, NoCuda, default_checkpointer
+from podsnap.engine.errors import (
+    ArtifactError,
+    CaptureError,
+    CompatibilityError,
+    CriuError,
+    CudaError,
+    EngineError,
+    RestoreError,
+)
+from podsnap.engine.host import HostFacts, host_facts
+from podsnap.engine.manifest import SCHEMA_VERSION, FileEntry, Manifest
+from podsnap.engine.nvml import GpuInfo
+from podsnap.engine.options import (
+    CaptureOptions,
+    CaptureResult,
+    Progress,
+    ProgressFn,
+    RestoreOptions,
+    RestoreResult,
+)
+from podsnap.engine.proctree import ProcInfo
+from podsnap.engine.restore import restore
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "ArtifactError",
+    "CaptureError",
+    "CaptureOptions",
+    "CaptureResult",
+    "CompatibilityError",
+    "Criu",
+    "CriuBinary",
+    "CriuError",
+    "CriuOptions",
+    "CudaCheckpointer",
+    "CudaError",
+    "DriverCuda",
+    "EngineError",
+    "FileEntry",
+    "GateFailure",
+    "GpuInfo",
+    "HostFacts",
+    "Manifest",
+    "NoCuda",
+    "ProcInfo",
+    "Progress",
+    "ProgressFn",
+    "RestoreError",
+    "RestoreOptions",
+    "RestoreResult",
+    "capture",
+    "check_compat",
+    "default_checkpointer",
+    "find_binary",
+    "host_facts",
+    "read_manifest",
+    "remove_artifact",
+    "restore",
+    "verify",
+]

@@ -1,0 +1,181 @@
+"""Artifact directories: staged next to the destination, fsynced, renamed into place; verified on read.
+
+Layout::
+
+    ARTIFACT/
+      manifest.json        the Manifest (written last)
+      criu/                CRIU images (+ dump.log)
+      <anything else>      listed in manifest.files (e.g. a rootfs diff, weight shards added later)
+
+A reader trusts only files listed in the manifest and checks each one's size and sha256 before use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from podsnap.engine.errors import ArtifactError
+from podsnap.engine.manifest import CRIU_DIR, MANIFEST_NAME, FileEntry, Manifest
+
+_CHUNK = 4 << 20
+#: files CRIU may write into the images dir during a restore, never part of the captured state
+_RUNTIME_FILES = frozenset({f"{CRIU_DIR}/stats-restore", f"{CRIU_DIR}/restore.log"})
+
+#: progress(done_bytes, total_bytes)
+ByteProgress = Callable[[int, int], None]
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _walk(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def _hash_all(root: Path, rels: list[str], workers: int, progress: ByteProgress | None) -> dict[str, str]:
+    sizes = {r: (root / r).stat().st_size for r in rels}
+    total = sum(sizes.values())
+    done = 0
+
+    def one(rel: str) -> tuple[str, str]:
+        return rel, sha256_file(root / rel)
+
+    out: dict[str, str] = {}
+    # hashlib releases the GIL on large buffers, so threads hash in parallel
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        for rel, digest in pool.map(one, sorted(rels, key=lambda r: -sizes[r])):
+            out[rel] = digest
+            done += sizes[rel]
+            if progress is not None:
+                progress(done, total)
+    return out
+
+
+def describe_files(root: Path, *, workers: int = 4, progress: ByteProgress | None = None) -> tuple[FileEntry, ...]:
+    """Every regular file under `root` except the manifest, with its size and sha256."""
+    rels = [p.relative_to(root).as_posix() for p in _walk(root)]
+    rels = [r for r in rels if r != MANIFEST_NAME]
+    digests = _hash_all(root, rels, workers, progress)
+    return tuple(FileEntry(path=r, size=(root / r).stat().st_size, sha256=digests[r]) for r in sorted(rels))
+
+
+def _fsync_path(path: Path, *, directory: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Staging:
+    """A staging directory next to `dest`; `publish()` makes it `dest` atomically, `discard()` removes it."""
+
+    def __init__(self, dest: Path) -> None:
+        self.dest = dest.absolute()
+        if self.dest.exists():
+            raise ArtifactError(f"{self.dest} already exists: choose a new --out or remove it", path=str(self.dest))
+        self.dest.parent.mkdir(parents=True, exist_ok=True)
+        self.path = self.dest.parent / f".{self.dest.name}.staging-{uuid.uuid4().hex[:12]}"
+        self.path.mkdir(mode=0o700)
+        self.criu_dir = self.path / CRIU_DIR
+        self.criu_dir.mkdir()
+
+    def write_manifest(self, manifest: Manifest) -> None:
+        tmp = self.path / f".{MANIFEST_NAME}.tmp"
+        with tmp.open("w") as f:
+            f.write(manifest.to_json())
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(self.path / MANIFEST_NAME)
+
+    def publish(self) -> Path:
+        """fsync every file and directory, then rename into place (atomic on one filesystem)."""
+        dirs = {self.path}
+        for p in _walk(self.path):
+            _fsync_path(p)
+            dirs.add(p.parent)
+        for d in sorted(dirs, key=lambda d: -len(d.parts)):
+            _fsync_path(d, directory=True)
+        if self.dest.exists():
+            raise ArtifactError(f"{self.dest} appeared while capturing: not overwriting it", path=str(self.dest))
+        self.path.rename(self.dest)
+        _fsync_path(self.dest.parent, directory=True)
+        return self.dest
+
+    def discard(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def read_manifest(artifact: Path) -> Manifest:
+    path = artifact / MANIFEST_NAME
+    if not artifact.is_dir():
+        raise ArtifactError(f"{artifact}: no such artifact directory", path=str(artifact))
+    try:
+        text = path.read_text()
+    except FileNotFoundError as exc:
+        raise ArtifactError(
+            f"{path}: missing; {artifact} is not a complete artifact (a capture that never finished?)", path=str(path)
+        ) from exc
+    return Manifest.from_json(text, where=str(path))
+
+
+def verify(
+    artifact: Path,
+    manifest: Manifest,
+    *,
+    workers: int = 4,
+    progress: ByteProgress | None = None,
+    allow_unlisted: Iterable[str] = (),
+) -> int:
+    """Check every listed file's size and sha256, and that CRIU's dir holds nothing unlisted; return bytes."""
+    listed = {f.path: f for f in manifest.files}
+    if not any(p.startswith(f"{CRIU_DIR}/") for p in listed):
+        raise ArtifactError(f"{artifact / MANIFEST_NAME}: lists no CRIU images", path=str(artifact / MANIFEST_NAME))
+    for entry in manifest.files:
+        path = artifact / entry.path
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError as exc:
+            raise ArtifactError(f"{path}: listed in the manifest but missing", path=str(path)) from exc
+        if size != entry.size:
+            raise ArtifactError(
+                f"{path}: size {size} differs from the manifest's {entry.size} (truncated?)", path=str(path)
+            )
+    # CRIU reads images by name: an extra image could change what is restored
+    allowed = set(allow_unlisted) | _RUNTIME_FILES
+    for p in _walk(artifact / CRIU_DIR):
+        rel = p.relative_to(artifact).as_posix()
+        if rel not in listed and rel not in allowed:
+            raise ArtifactError(f"{p}: not listed in the manifest (tampered artifact?)", path=str(p))
+    digests = _hash_all(artifact, list(listed), workers, progress)
+    for rel, entry in listed.items():
+        if digests[rel] != entry.sha256:
+            raise ArtifactError(
+                f"{artifact / rel}: sha256 {digests[rel][:16]}… differs from the manifest's {entry.sha256[:16]}… "
+                "(tampered or corrupted)",
+                path=str(artifact / rel),
+            )
+    return sum(e.size for e in manifest.files)
+
+
+def remove(artifact: Path) -> None:
+    """Delete an artifact: rename it aside first so no reader sees a half-deleted one."""
+    if not artifact.exists():
+        return
+    aside = artifact.parent / f".{artifact.name}.deleting-{uuid.uuid4().hex[:8]}"
+    with contextlib.suppress(OSError):
+        artifact.rename(aside)
+        artifact = aside
+    shutil.rmtree(artifact, ignore_errors=True)

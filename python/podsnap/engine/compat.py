@@ -1,0 +1,77 @@
+"""Gates checked before a restore: this host must be able to run what the manifest captured.
+
+Each gate compares the manifest's source facts with this host's; the first refusal raises
+`CompatibilityError(gate, expected, found)`. Only an explicit `skip_compat=True` bypasses them (the
+digest check is not a gate and is never skipped by it).
+
+  arch          CPU architecture, exact (x86_64 pages do not run on aarch64)
+  kernel        kernel release, exact (CRIU images depend on vDSO layout and kernel features)
+  driver        NVIDIA driver version, exact, when CUDA state was captured
+  gpu-model     product name of every GPU the source used, present here
+  gpu-count     at least as many GPUs as the source used
+  memory        MemAvailable >= the dumped pages (GPU memory included) plus a margin
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from podsnap.engine.errors import CompatibilityError
+from podsnap.engine.host import HostFacts
+from podsnap.engine.manifest import Manifest
+
+#: headroom for CRIU itself and the page cache it needs while restoring
+MEMORY_MARGIN_BYTES: int = 64 << 20
+
+
+@dataclass(frozen=True)
+class GateFailure:
+    gate: str
+    expected: object
+    found: object
+    hint: str = ""
+
+    def error(self) -> CompatibilityError:
+        return CompatibilityError(self.gate, self.expected, self.found, self.hint)
+
+
+def _source_gpu_names(manifest: Manifest) -> list[str]:
+    used = set(manifest.cuda_gpu_uuids)
+    gpus = [g for g in manifest.source.gpus if g.uuid in used] if used else list(manifest.source.gpus)
+    return [g.name for g in gpus]
+
+
+def check(manifest: Manifest, host: HostFacts) -> list[GateFailure]:
+    """Every gate that refuses this host (empty when the restore may proceed)."""
+    src = manifest.source
+    out: list[GateFailure] = []
+    if src.arch != host.arch:
+        out.append(GateFailure("arch", src.arch, host.arch))
+    if src.kernel != host.kernel:
+        out.append(GateFailure("kernel", src.kernel, host.kernel, "restore on a node with the source's kernel"))
+    if manifest.cuda_pids:
+        if src.driver_version != host.driver_version:
+            out.append(
+                GateFailure("driver", src.driver_version, host.driver_version, "restore on a node with the same driver")
+            )
+        want = Counter(_source_gpu_names(manifest))
+        have = Counter(g.name for g in host.gpus)
+        if sum(want.values()) > sum(have.values()):
+            out.append(GateFailure("gpu-count", sum(want.values()), sum(have.values())))
+        elif any(have[name] < n for name, n in want.items()):
+            out.append(GateFailure("gpu-model", sorted(want.elements()), sorted(have.elements())))
+    need = manifest.memory_bytes + MEMORY_MARGIN_BYTES
+    if host.mem_available_bytes < need:
+        out.append(
+            GateFailure("memory", f">= {need} bytes available", f"{host.mem_available_bytes} bytes", "free host memory")
+        )
+    return out
+
+
+def enforce(manifest: Manifest, host: HostFacts, *, skip: bool = False) -> list[GateFailure]:
+    """Raise the first gate's CompatibilityError unless `skip`; return the failures (all skipped ones too)."""
+    failures = check(manifest, host)
+    if failures and not skip:
+        raise failures[0].error()
+    return failures

@@ -1,0 +1,145 @@
+"""The artifact manifest (`manifest.json`): what was captured, where, and every file's digest.
+
+Versioned by `schemaVersion`; readers ignore unknown keys, so a newer writer's additions are safe, and
+refuse a newer schema version with the fix ("upgrade podsnap"). `extra` holds free-form sections other
+parts add (e.g. a later fast path listing weight shards, or a rootfs diff), keyed by section name.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from podsnap import __version__
+from podsnap.engine.errors import ArtifactError
+from podsnap.engine.host import HostFacts
+from podsnap.engine.proctree import ProcInfo
+
+SCHEMA: str = "podsnap.io/artifact"
+SCHEMA_VERSION: int = 1
+MANIFEST_NAME: str = "manifest.json"
+#: CRIU's images live under this directory of the artifact
+CRIU_DIR: str = "criu"
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file of the artifact: path relative to the artifact root, size in bytes, hex sha256."""
+
+    path: str
+    size: int
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "size": self.size, "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
+class Manifest:
+    source: HostFacts
+    #: the captured tree, root first; pids are host pids at capture time, nsPid as the pod saw them
+    processes: tuple[ProcInfo, ...]
+    #: host pids of the processes that held CUDA state (checkpointed through the driver)
+    cuda_pids: tuple[int, ...]
+    #: UUIDs of the GPUs the captured processes used (subset of source.gpus)
+    cuda_gpu_uuids: tuple[str, ...]
+    files: tuple[FileEntry, ...]
+    #: True when CRIU ran inside the source's namespaces (restore must run inside a destination's)
+    namespaced: bool = False
+    criu_version: str = ""
+    criu_options: tuple[str, ...] = ()
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    created_at: str = ""
+    podsnap_version: str = __version__
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def root(self) -> ProcInfo:
+        return self.processes[0]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Host memory a restore needs: the dumped pages (GPU memory included, it travels in them)."""
+        return sum(f.size for f in self.files if f.path.startswith(f"{CRIU_DIR}/pages-"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "schemaVersion": self.schema_version,
+            "podsnapVersion": self.podsnap_version,
+            "createdAt": self.created_at,
+            "source": self.source.to_dict(),
+            "process": {
+                "namespaced": self.namespaced,
+                "tree": [p.to_dict() for p in self.processes],
+                "cudaPids": list(self.cuda_pids),
+                "cudaGpuUuids": list(self.cuda_gpu_uuids),
+            },
+            "criu": {"version": self.criu_version, "options": list(self.criu_options), "imagesDir": CRIU_DIR},
+            "files": [f.to_dict() for f in self.files],
+            "totals": {"files": len(self.files), "bytes": self.total_bytes, "memoryBytes": self.memory_bytes},
+            "timingsMs": dict(self.timings_ms),
+            "extra": dict(self.extra),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: Any, *, where: str = MANIFEST_NAME) -> Manifest:
+        if not isinstance(data, dict):
+            raise ArtifactError(f"{where}: expected a JSON object", path=where)
+        if data.get("schema") != SCHEMA:
+            raise ArtifactError(f"{where}: 'schema' must be {SCHEMA!r}, got {data.get('schema')!r}", path=where)
+        version = data.get("schemaVersion")
+        if not isinstance(version, int) or version < 1:
+            raise ArtifactError(f"{where}: 'schemaVersion' must be a positive integer, got {version!r}", path=where)
+        if version > SCHEMA_VERSION:
+            raise ArtifactError(
+                f"{where}: schemaVersion {version} is newer than this podsnap understands ({SCHEMA_VERSION}); "
+                "upgrade podsnap",
+                path=where,
+            )
+        try:
+            proc = data.get("process") or {}
+            tree = [ProcInfo.from_dict(p) for p in proc.get("tree") or []]
+            if not tree:
+                raise ArtifactError(f"{where}: 'process.tree' is empty: nothing to restore", path=where)
+            files = []
+            for i, f in enumerate(data.get("files") or []):
+                path = str(f["path"])
+                if path.startswith("/") or ".." in path.split("/"):
+                    raise ArtifactError(f"{where}: files[{i}].path {path!r} escapes the artifact", path=where)
+                files.append(FileEntry(path=path, size=int(f["size"]), sha256=str(f["sha256"])))
+            criu = data.get("criu") or {}
+            return cls(
+                source=HostFacts.from_dict(data.get("source") or {}),
+                processes=tuple(tree),
+                cuda_pids=tuple(int(p) for p in proc.get("cudaPids") or ()),
+                cuda_gpu_uuids=tuple(str(u) for u in proc.get("cudaGpuUuids") or ()),
+                files=tuple(files),
+                namespaced=bool(proc.get("namespaced", False)),
+                criu_version=str(criu.get("version", "")),
+                criu_options=tuple(str(o) for o in criu.get("options") or ()),
+                timings_ms={str(k): float(v) for k, v in (data.get("timingsMs") or {}).items()},
+                extra=dict(data.get("extra") or {}),
+                created_at=str(data.get("createdAt", "")),
+                podsnap_version=str(data.get("podsnapVersion", "")),
+                schema_version=version,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ArtifactError(f"{where}: malformed manifest ({type(exc).__name__}: {exc})", path=where) from exc
+
+    @classmethod
+    def from_json(cls, text: str, *, where: str = MANIFEST_NAME) -> Manifest:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ArtifactError(f"{where}: not valid JSON ({exc})", path=where) from exc
+        return cls.from_dict(data, where=where)

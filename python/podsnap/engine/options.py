@@ -1,0 +1,125 @@
+"""Options, results and progress reports of the capture and restore workflows."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from podsnap.engine.compat import GateFailure
+from podsnap.engine.criu import CriuOptions
+from podsnap.engine.cuda import DEFAULT_LOCK_TIMEOUT_MS
+from podsnap.engine.manifest import Manifest
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One report from a long phase: bytes `done` of `total` (0 when unknown); `finished` on its last report."""
+
+    phase: str
+    done: int = 0
+    total: int = 0
+    finished: bool = False
+    elapsed_ms: float = 0.0
+
+
+ProgressFn = Callable[[Progress], None]
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    """How to capture. All fields have working defaults for a plain process on this host."""
+
+    #: run CRIU inside this host PID's namespaces (a pod's container init); `pid` stays a host PID
+    namespace_pid: int | None = None
+    criu: CriuOptions = field(default_factory=CriuOptions)
+    #: auto: checkpoint the CUDA processes found in the tree; on: require at least one; off: CPU state only
+    cuda: Literal["auto", "on", "off"] = "auto"
+    cuda_lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS
+    #: keep the source running after the dump (CUDA state is restored and unlocked again)
+    leave_running: bool = False
+    #: free-form manifest sections (e.g. {"pod": {...}}, later weight shards), JSON-serializable
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    #: CRIU binary to use (default: PODSNAP_CRIU, .tools/bin/criu, PATH)
+    criu_binary: Path | None = None
+    hash_workers: int = 4
+
+
+@dataclass(frozen=True)
+class RestoreOptions:
+    """How to restore. `skip_compat` is the only way past a failed compatibility gate."""
+
+    #: restore inside this host PID's namespaces (the placeholder container's init)
+    namespace_pid: int | None = None
+    #: in namespace mode, join `namespace_pid`'s cgroups before CRIU forks the tree
+    join_cgroups: bool = True
+    skip_compat: bool = False
+    criu: CriuOptions = field(default_factory=CriuOptions)
+    #: old GPU UUID -> new GPU UUID; None: keep UUIDs present here, else pair by index
+    gpu_map: Mapping[str, str] | None = None
+    #: network namespace file joined when `criu.external_net_ns` is set (e.g. /proc/PID/ns/net)
+    net_ns: Path | None = None
+    #: where CRIU's config, log and pidfile go (default: a fresh temp dir, removed on success)
+    work_dir: Path | None = None
+    criu_binary: Path | None = None
+    hash_workers: int = 4
+
+
+@dataclass(frozen=True)
+class CaptureResult:
+    artifact: Path
+    manifest: Manifest
+    #: phase -> milliseconds (inspect, cuda_lock, cuda_checkpoint, criu_dump, hash, publish, total)
+    timings_ms: dict[str, float]
+    bytes_total: int
+    #: host memory the dump holds (CRIU pages, GPU memory included)
+    bytes_memory: int
+    cuda_pids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    #: host PID of the restored root process (re-parented to init, or to the pod's PID 1)
+    pid: int
+    #: its PID inside the destination's PID namespace (== pid on the host)
+    ns_pid: int
+    #: host PIDs of the restored tree, root first, in the manifest's order (where still found)
+    pids: tuple[int, ...]
+    manifest: Manifest
+    #: phase -> milliseconds (read_manifest, verify, compat, criu_restore, cuda_restore, cuda_unlock, total)
+    timings_ms: dict[str, float]
+    bytes_total: int
+    cuda_pids: tuple[int, ...]
+    #: gates that failed but were skipped by skip_compat
+    skipped_gates: tuple[GateFailure, ...] = ()
+
+
+class Timer:
+    """Phase timings in milliseconds, with progress start/end reports."""
+
+    def __init__(self, progress: ProgressFn | None) -> None:
+        self.timings: dict[str, float] = {}
+        self.progress = progress
+        self._t0 = time.perf_counter()
+
+    def report(self, phase: str, done: int = 0, total: int = 0, *, finished: bool = False, start: float = 0.0) -> None:
+        if self.progress is not None:
+            elapsed = (time.perf_counter() - start) * 1000 if start else 0.0
+            self.progress(Progress(phase, done, total, finished, elapsed))
+
+    @contextmanager
+    def phase(self, name: str, total: int = 0) -> Iterator[float]:
+        start = time.perf_counter()
+        self.report(name, 0, total, start=start)
+        try:
+            yield start
+        finally:
+            self.timings[name] = self.timings.get(name, 0.0) + (time.perf_counter() - start) * 1000
+        self.report(name, total, total, finished=True, start=start)
+
+    def finish(self) -> dict[str, float]:
+        self.timings["total"] = (time.perf_counter() - self._t0) * 1000
+        return {k: round(v, 3) for k, v in self.timings.items()}

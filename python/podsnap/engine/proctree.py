@@ -1,0 +1,145 @@
+"""Process trees and PID namespaces, read from /proc (host PIDs unless said otherwise)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PROC = Path("/proc")
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    pid: int
+    #: the PID as the innermost PID namespace sees it (equal to pid outside containers)
+    ns_pid: int
+    ppid: int
+    comm: str
+    cmdline: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "nsPid": self.ns_pid,
+            "ppid": self.ppid,
+            "comm": self.comm,
+            "cmdline": list(self.cmdline),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProcInfo:
+        return cls(
+            pid=int(data["pid"]),
+            ns_pid=int(data.get("nsPid", data["pid"])),
+            ppid=int(data.get("ppid", 0)),
+            comm=str(data.get("comm", "")),
+            cmdline=tuple(str(a) for a in data.get("cmdline") or ()),
+        )
+
+
+def _status(pid: int) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in (PROC / str(pid) / "status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        out[key] = value.strip()
+    return out
+
+
+def is_alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        return _status(pid).get("State", "").split()[:1] != ["Z"]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def exists(pid: int) -> bool:
+    """True while `pid` is taken, zombies included (a zombie still blocks its PID for a restore)."""
+    return (PROC / str(pid)).exists()
+
+
+def proc_info(pid: int) -> ProcInfo:
+    st = _status(pid)
+    nspids = st.get("NSpid", str(pid)).split()
+    try:
+        raw = (PROC / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        raw = b""
+    return ProcInfo(
+        pid=pid,
+        ns_pid=int(nspids[-1]) if nspids else pid,
+        ppid=int(st.get("PPid", "0")),
+        comm=st.get("Name", ""),
+        cmdline=tuple(a.decode(errors="replace") for a in raw.split(b"\0") if a),
+    )
+
+
+def all_pids() -> list[int]:
+    return sorted(int(p.name) for p in PROC.iterdir() if p.name.isdigit())
+
+
+def tree(root: int) -> list[ProcInfo]:
+    """`root` and all its descendants, parents before children (root first)."""
+    infos: dict[int, ProcInfo] = {}
+    for pid in all_pids():
+        with contextlib.suppress(OSError, ValueError):
+            infos[pid] = proc_info(pid)
+    if root not in infos:
+        raise ProcessLookupError(f"no process with pid {root}")
+    children: dict[int, list[int]] = {}
+    for info in infos.values():
+        children.setdefault(info.ppid, []).append(info.pid)
+    out: list[ProcInfo] = []
+    todo = [root]
+    while todo:
+        pid = todo.pop(0)
+        out.append(infos[pid])
+        todo.extend(sorted(children.get(pid, [])))
+    return out
+
+
+def pid_ns(pid: int) -> str:
+    """The PID namespace identity of `pid` (e.g. 'pid:[4026531836]')."""
+    return str((PROC / str(pid) / "ns" / "pid").readlink())
+
+
+def host_pid_in_ns(ns_pid: int, ns_of: int) -> int | None:
+    """Host PID of the process that is `ns_pid` inside the PID namespace of host process `ns_of`."""
+    target = pid_ns(ns_of)
+    for pid in all_pids():
+        try:
+            if pid_ns(pid) != target:
+                continue
+            nspids = _status(pid).get("NSpid", "").split()
+        except OSError:
+            continue
+        if nspids and int(nspids[-1]) == ns_pid:
+            return pid
+    return None
+
+
+def kill_tree(pids: list[int], *, timeout_s: float = 5.0) -> None:
+    """SIGKILL every listed process (children first) and wait until none is alive."""
+    for pid in reversed(pids):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(is_alive(p) for p in pids):
+        time.sleep(0.02)
+
+
+def wait_gone(pid: int, *, timeout_s: float = 10.0) -> bool:
+    """Wait until `pid` has exited AND been reaped (its PID free again); reap it if it is our child."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+        if not exists(pid):
+            return True
+        time.sleep(0.01)
+    return not exists(pid)
