@@ -1,0 +1,54 @@
+# Paths, ports and helpers of the local single-node cluster. Sourced by up.sh, down.sh, build-images.sh.
+# Everything the cluster owns lives under $CLUSTER_DIR (default /var/lib/podsnap-cluster); images and
+# the kube-proxy build are cached under $PODSNAP_CACHE, so `down.sh --wipe` keeps them.
+# shellcheck source=../lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+CLUSTER_SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_ROOT=$(cd "$CLUSTER_SRC/../.." && pwd)
+CLUSTER_DIR=${PODSNAP_CLUSTER_DIR:-/var/lib/podsnap-cluster}
+KUBECONFIG_PATH=$CLUSTER_DIR/kubeconfig
+RUN=$CLUSTER_DIR/run          # pid files
+LOGS=$CLUSTER_DIR/logs
+PKI=$CLUSTER_DIR/pki
+IMAGES_CACHE=$PODSNAP_CACHE/images
+IMAGES_ARCHIVE=$IMAGES_CACHE/podsnap-images.tar   # one docker-archive, every image, shared base layer
+# Private addresses only: the node sits on an empty bridge we own, pods on cni0; nothing is routed out.
+NODE_IP=10.99.0.1
+POD_CIDR=10.88.0.0/16
+SERVICE_CIDR=10.0.0.0/24
+# Below the ephemeral port range, so test control planes on free ports never take them.
+ETCD_PORT=12379
+ETCD_PEER_PORT=12380
+API_PORT=16443
+NODE_NAME=podsnap-node
+CONTAINERD_SOCK=/run/containerd/containerd.sock
+# The components, in start order; down.sh stops them in reverse.
+COMPONENTS=(containerd etcd kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet)
+# The images up.sh imports; build-images.sh writes all of them into $IMAGES_ARCHIVE.
+IMAGE_TAG=dev
+IMAGES=(localhost/podsnap-operator:$IMAGE_TAG localhost/podsnap-agent:$IMAGE_TAG localhost/podsnap-demo:$IMAGE_TAG localhost/pause:$IMAGE_TAG)
+
+clog() { printf '[cluster] %s\n' "$*" >&2; }
+need_root() { [ "$(id -u)" = 0 ] || die "the local cluster needs root (containerd, kubelet, iptables): run as root"; }
+# pid_alive NAME: the pid file names a live process whose executable is still NAME
+pid_alive() {
+  local f=$RUN/$1.pid pid
+  [ -f "$f" ] || return 1
+  pid=$(cat "$f"); [ -n "$pid" ] && [ -d "/proc/$pid" ] || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "$1"
+}
+# start_bg NAME CMD...: runs CMD detached (own session, survives make and pytest), logs to $LOGS/NAME.log
+start_bg() {
+  local name=$1; shift
+  mkdir -p "$RUN" "$LOGS"
+  setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null &
+  echo $! >"$RUN/$name.pid"
+}
+kube_bin() { # kube_bin NAME: the pinned Kubernetes 1.20 binary (hack/setup.sh links them into .tools/bin)
+  local b
+  for b in "$REPO_ROOT/.tools/bin/$1" "$PODSNAP_CACHE/kubernetes-1.20.2/bin/$1" "$PODSNAP_CACHE/kube-proxy-1.20.2/bin/$1"; do
+    [ -x "$b" ] && { readlink -f "$b"; return 0; }
+  done
+  return 1
+}
+kc() { "$REPO_ROOT/.tools/bin/kubectl" --kubeconfig "$KUBECONFIG_PATH" "$@"; }
