@@ -1,0 +1,162 @@
+"""The `podsnap` command: checkpoint/restore on one host, host diagnostics, and the demo.
+
+podsnap doctor                         what this host can and cannot do (exit 1 on any FAIL)
+podsnap capture --pid P --out DIR      checkpoint process tree P into artifact DIR (ends P)
+podsnap restore DIR                    restore it; prints the new PID (--skip-compat-check to override gates)
+podsnap run -- CMD...                  the standby-aware worker entrypoint (same as podsnap-run)
+podsnap demo                           start the demo worker, capture, restore, compare, print timings
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from podsnap import __version__
+
+
+def _write_json(path: str | None, data: dict[str, Any]) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="podsnap", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"podsnap {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    d = sub.add_parser("doctor", help="check kernel, CRIU, capabilities, CUDA, THP, io_uring on this host")
+    d.add_argument("--json", metavar="PATH", help="also write the checks as JSON")
+
+    c = sub.add_parser("capture", help="checkpoint a process tree into an artifact directory")
+    c.add_argument("--pid", type=int, required=True, help="host PID of the tree's root")
+    c.add_argument("--out", required=True, help="artifact directory to create (must not exist)")
+    c.add_argument("--namespace-pid", type=int, help="run CRIU inside this PID's namespaces (a container's init)")
+    c.add_argument("--cuda", choices=("auto", "on", "off"), default="auto", help="checkpoint CUDA state (default auto)")
+    c.add_argument("--tcp", choices=("established", "close"), default="established", help="TCP connections")
+    c.add_argument("--leave-running", action="store_true", help="keep the source running after the dump")
+    c.add_argument("--criu", metavar="PATH", help="CRIU binary (default: PODSNAP_CRIU, .tools/bin/criu, PATH)")
+    c.add_argument("--json", metavar="PATH", help="write the result (timings, bytes) as JSON")
+
+    r = sub.add_parser("restore", help="restore an artifact directory; prints the new PID")
+    r.add_argument("artifact", help="artifact directory written by `podsnap capture`")
+    r.add_argument("--skip-compat-check", action="store_true", help="restore even when a compatibility gate refuses")
+    r.add_argument("--namespace-pid", type=int, help="restore inside this PID's namespaces and cgroups")
+    r.add_argument("--tcp", choices=("established", "close"), default="established", help="TCP connections")
+    r.add_argument("--criu", metavar="PATH", help="CRIU binary (default: PODSNAP_CRIU, .tools/bin/criu, PATH)")
+    r.add_argument("--json", metavar="PATH", help="write the result (pid, timings, bytes) as JSON")
+
+    sub.add_parser("run", help="standby-aware worker entrypoint: podsnap run -- CMD...", add_help=False)
+
+    m = sub.add_parser("demo", help="capture -> restore -> request of the demo worker, with a timing table")
+    m.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the demo model lives")
+    m.add_argument("--weights-gib", type=float, default=None, help="size of the demo model's weights in GiB")
+    m.add_argument(
+        "--json", metavar="PATH", default="out/demo.json", help="timing table as JSON (default out/demo.json)"
+    )
+    m.add_argument("--workdir", metavar="DIR", help="where the artifact and logs go (default: a temp dir)")
+    m.add_argument("--keep", action="store_true", help="keep the artifact and leave the restored worker running")
+    m.add_argument("--criu", metavar="PATH", help="CRIU binary (default: PODSNAP_CRIU, .tools/bin/criu, PATH)")
+    m.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the worker's cold start")
+    m.add_argument("--extra-arg", action="append", default=[], help="pass one more argument to the demo worker")
+    return parser
+
+
+def _cmd_capture(args: argparse.Namespace) -> int:
+    from podsnap.cli.progress import ProgressPrinter
+    from podsnap.engine import CaptureOptions, CriuOptions, EngineError, capture
+
+    opts = CaptureOptions(
+        namespace_pid=args.namespace_pid,
+        cuda=args.cuda,
+        leave_running=args.leave_running,
+        criu=CriuOptions(tcp=args.tcp),
+        criu_binary=Path(args.criu) if args.criu else None,
+    )
+    try:
+        res = capture(args.pid, Path(args.out), opts, progress=ProgressPrinter())
+    except EngineError as exc:
+        print(f"podsnap capture: {exc}", file=sys.stderr)
+        return 1
+    out = {
+        "artifact": str(res.artifact),
+        "bytesTotal": res.bytes_total,
+        "bytesMemory": res.bytes_memory,
+        "cudaPids": list(res.cuda_pids),
+        "timingsMs": res.timings_ms,
+    }
+    _write_json(args.json, out)
+    print(f"captured pid {args.pid} into {res.artifact} ({res.bytes_total} bytes, {res.timings_ms['total']:.0f} ms)")
+    return 0
+
+
+def _cmd_restore(args: argparse.Namespace) -> int:
+    from podsnap.cli.progress import ProgressPrinter
+    from podsnap.engine import CompatibilityError, CriuOptions, EngineError, RestoreOptions, restore
+
+    opts = RestoreOptions(
+        namespace_pid=args.namespace_pid,
+        skip_compat=args.skip_compat_check,
+        criu=CriuOptions(tcp=args.tcp),
+        criu_binary=Path(args.criu) if args.criu else None,
+    )
+    try:
+        res = restore(Path(args.artifact), opts, progress=ProgressPrinter())
+    except CompatibilityError as exc:
+        print(f"podsnap restore: {exc}", file=sys.stderr)
+        return 3
+    except EngineError as exc:
+        print(f"podsnap restore: {exc}", file=sys.stderr)
+        return 1
+    for gate in res.skipped_gates:
+        print(f"WARN skipped gate {gate.gate}: expected {gate.expected!r}, found {gate.found!r}", file=sys.stderr)
+    out = {
+        "pid": res.pid,
+        "nsPid": res.ns_pid,
+        "pids": list(res.pids),
+        "bytesTotal": res.bytes_total,
+        "cudaPids": list(res.cuda_pids),
+        "timingsMs": res.timings_ms,
+        "skippedGates": [g.gate for g in res.skipped_gates],
+    }
+    _write_json(args.json, out)
+    print(res.pid)
+    return 0
+
+
+def _cmd_run(argv: Sequence[str]) -> int:
+    try:
+        from podsnap.workload.run import main as run_main
+    except ImportError:
+        print("podsnap run: the workload SDK (podsnap.workload.run) is not installed", file=sys.stderr)
+        return 2
+    return int(run_main(list(argv)) or 0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    # `run` passes everything after it to podsnap-run untouched (its own options and `-- CMD`)
+    if args_list[:1] == ["run"]:
+        return _cmd_run(args_list[1:])
+    args = build_parser().parse_args(args_list)
+    if args.command == "doctor":
+        from podsnap.cli.doctor import run_doctor
+
+        return run_doctor(args.json)
+    if args.command == "capture":
+        return _cmd_capture(args)
+    if args.command == "restore":
+        return _cmd_restore(args)
+    if args.command == "demo":
+        from podsnap.cli.demo import run_demo
+
+        return run_demo(args)
+    build_parser().print_help()
+    return 0

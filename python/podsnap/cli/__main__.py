@@ -1,0 +1,3 @@
+from podsnap.cli import main
+
+raise SystemExit(main())
