@@ -131,3 +131,37 @@ class RestoreContext:
 def is_truthy(value: str | None) -> bool:
     """Annotation and env flags: "true", "1", "yes" (any case) are true; anything else is false."""
     return (value or "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+# --- deployment: what the chart passes to the operator and the agent ------------------------
+#: where the agent container mounts the artifact PVC (only the agent mounts it)
+ARTIFACT_ROOT_DEFAULT: Final = "/var/lib/podsnap/artifacts"
+#: where the operator container finds the webhook serving certificate (tls.crt, tls.key, ca.crt)
+WEBHOOK_CERT_DIR_DEFAULT: Final = "/etc/podsnap/webhook-tls"
+#: namespaces labelled `podsnap.io/webhook: disabled` are never sent to the pod webhook
+LABEL_WEBHOOK: Final = f"{GROUP}/webhook"
+LABEL_WEBHOOK_DISABLED_VALUE: Final = "disabled"
+
+# Operator and agent
+ENV_NAMESPACE: Final = "PODSNAP_NAMESPACE"  # the release namespace (fieldRef metadata.namespace)
+ENV_POD_NAME: Final = "PODSNAP_POD_NAME"  # the pod's own name (fieldRef metadata.name)
+ENV_LOG_LEVEL: Final = "PODSNAP_LOG_LEVEL"  # debug | info | warning | error
+ENV_METRICS_PORT: Final = "PODSNAP_METRICS_PORT"  # "0": metrics off
+ENV_HEALTH_PORT: Final = "PODSNAP_HEALTH_PORT"  # serves /healthz and /readyz
+ENV_SECCOMP_PROFILE: Final = "PODSNAP_SECCOMP_PROFILE"  # localhostProfile for capture pods; "" = none
+# Operator only
+ENV_WEBHOOK_PORT: Final = "PODSNAP_WEBHOOK_PORT"
+ENV_WEBHOOK_PATH: Final = "PODSNAP_WEBHOOK_PATH"
+ENV_WEBHOOK_CERT_DIR: Final = "PODSNAP_WEBHOOK_CERT_DIR"
+ENV_WEBHOOK_CONFIGURATION: Final = "PODSNAP_WEBHOOK_CONFIGURATION"  # MutatingWebhookConfiguration name
+ENV_WEBHOOK_SERVICE: Final = "PODSNAP_WEBHOOK_SERVICE"
+ENV_ARTIFACT_CLAIM: Final = "PODSNAP_ARTIFACT_CLAIM"  # the artifact PVC's name (release namespace)
+# Agent only
+ENV_ARTIFACT_ROOT: Final = "PODSNAP_ARTIFACT_ROOT"
+ENV_RUNTIME_TYPE: Final = "PODSNAP_RUNTIME_TYPE"  # containerd | cri-o
+ENV_RUNTIME_SOCKET: Final = "PODSNAP_RUNTIME_SOCKET"  # CRI socket, same path as on the host
+ENV_RUNTIME_ROOT: Final = "PODSNAP_RUNTIME_ROOT"  # runtime state dir, same path as on the host
+ENV_HOST_RUN_DIR: Final = "PODSNAP_HOST_RUN_DIR"  # the host's /run (netns, runtime state)
+ENV_CGROUP_ROOT: Final = "PODSNAP_CGROUP_ROOT"  # the host's /sys/fs/cgroup
+ENV_KUBELET_PODS_DIR: Final = "PODSNAP_KUBELET_PODS_DIR"  # the kubelet's pods dir, same path as on the host
+ENV_SECCOMP_DIR: Final = "PODSNAP_SECCOMP_DIR"  # the kubelet's seccomp dir (the profile is installed here)
