@@ -1,0 +1,10 @@
+"""The demo worker: a small OpenAI-compatible server holding a "model" on the GPU (or, with numpy, the CPU).
+
+Run it with `python -m podsnap.demo [--device auto|cpu|cuda] [--weights-gib N] [--compile] [--port 8000]`.
+Every response carries the worker's `init_id` (created at cold start) and pid, so a restored worker
+is recognisable as the same one. See `podsnap.demo._worker` for the flags and the snapshot flow.
+"""
+
+from podsnap.demo._worker import main
+
+__all__ = ["main"]

@@ -1,0 +1,3 @@
+from podsnap.demo._worker import main
+
+raise SystemExit(main())
