@@ -1,0 +1,81 @@
+"""Namespace mode: CRIU runs inside "pods" (unshare'd PID + mount namespaces), reaching CRIU and the
+artifact only through inherited directory descriptors: both are hidden (tmpfs over them) in the pods."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from podsnap.engine import CaptureError, CaptureOptions, Criu, RestoreOptions, capture, proctree, restore
+
+from .helpers import Pod, http_get
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def pods(criu: Criu, tmp_path: Path) -> Iterator[tuple[Pod, Pod, Path]]:
+    host_only = tmp_path / "host-only"
+    host_only.mkdir()
+    hide = [host_only, criu.binary.exe.parent]
+    if criu.binary.lib_dir is not None and criu.binary.lib_dir.parent != criu.binary.exe.parent:
+        hide.append(criu.binary.lib_dir)
+    src, dst = Pod(tmp_path / "pod-a", hide), None
+    try:
+        dst = Pod(tmp_path / "pod-b", hide)
+        yield src, dst, host_only
+    finally:
+        src.stop()
+        if dst is not None:
+            dst.stop()
+
+
+def test_capture_in_one_pod_restore_in_another(criu: Criu, pods: tuple[Pod, Pod, Path], tmp_path: Path) -> None:
+    src, dst, host_only = pods
+    # the pods cannot see CRIU or the artifact storage
+    for pod in (src, dst):
+        listing = pod.exec("ls", "-A", str(host_only), str(criu.binary.exe.parent))
+        assert listing.returncode == 0, listing.stderr
+        assert "criu" not in listing.stdout.split()
+    port, ns_pid, init_id = src.start_worker(tmp_path / "worker")
+    host_pid = proctree.host_pid_in_ns(ns_pid, src.init_pid)
+    assert host_pid is not None and host_pid != ns_pid
+    assert proctree.proc_info(host_pid).ppid == src.init_pid, "the worker is a child of the pod's PID 1"
+    before = http_get(port)
+
+    art = host_only / "snap"
+    result = capture(host_pid, art, CaptureOptions(namespace_pid=src.init_pid), criu=criu)
+    assert result.manifest.namespaced
+    assert result.manifest.root.ns_pid == ns_pid
+    assert not proctree.exists(host_pid)
+
+    restored = restore(art, RestoreOptions(namespace_pid=dst.init_pid), criu=criu)
+    assert restored.ns_pid == ns_pid, "same namespace PID inside the destination pod"
+    assert proctree.pid_ns(restored.pid) == proctree.pid_ns(dst.init_pid)
+    assert proctree.proc_info(restored.pid).ppid == dst.init_pid, "parented by the destination's PID 1"
+    after = http_get(port)
+    assert after["init_id"] == init_id == before["init_id"]
+    assert after["requests"] == before["requests"] + 1
+
+
+def test_namespaced_artifact_needs_a_namespace_to_restore_into(
+    criu: Criu, pods: tuple[Pod, Pod, Path], tmp_path: Path
+) -> None:
+    from podsnap.engine import RestoreError
+
+    src, _, host_only = pods
+    _, ns_pid, _ = src.start_worker(tmp_path / "worker")
+    host_pid = proctree.host_pid_in_ns(ns_pid, src.init_pid)
+    assert host_pid is not None
+    capture(host_pid, host_only / "snap", CaptureOptions(namespace_pid=src.init_pid), criu=criu)
+    with pytest.raises(RestoreError, match="namespace"):
+        restore(host_only / "snap", criu=criu)
+
+
+def test_pid_1_of_a_pod_is_refused(criu: Criu, pods: tuple[Pod, Pod, Path]) -> None:
+    src, _, host_only = pods
+    with pytest.raises(CaptureError, match="PID 1"):
+        capture(src.init_pid, host_only / "snap", CaptureOptions(namespace_pid=src.init_pid), criu=criu)
+    assert proctree.is_alive(src.init_pid)
