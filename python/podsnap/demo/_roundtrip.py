@@ -1,0 +1,214 @@
+"""One measured round trip of the demo worker through the engine: cold start -> capture -> restore.
+
+Used by the GPU tests and `bench/gpu_bench.py` (and the CPU CRIU test), so all of them measure the
+same thing the same way:
+
+  cold start  launch of `python -m podsnap.demo` -> its first answer (interpreter, imports, weights,
+              compile, warm-up: what a new replica pays without podsnap)
+  capture     `podsnap.engine.capture` of the worker (its phases: cuda_lock, cuda_checkpoint, criu_dump,
+              reap, hash, publish)
+  restore     `podsnap.engine.restore` (verify, compat, criu_restore, cuda_restore, cuda_unlock) plus
+              the protocol (restore-context + restore-complete, resume hooks) -> first answer
+
+Before the capture and after the restore it records the answer to a fixed question (tokens too), the
+worker's init id and pid, and an exact checksum of every weight on the device, so callers can assert
+a bit-exact restore.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from podsnap import contract
+
+QUESTION = "Explain in one sentence what a snapshot of an inference worker is."
+GIB = float(1 << 30)
+
+
+class RoundTripError(RuntimeError):
+    pass
+
+
+def _request(url: str, body: dict[str, Any] | None = None, timeout: float = 600.0) -> dict[str, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        out: dict[str, Any] = json.loads(r.read())
+        return out
+
+
+def _wait(what: str, check: Callable[[], object], timeout: float, pid: int | None, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
+            if check():
+                return
+        if pid is not None and not Path(f"/proc/{pid}").exists():
+            raise RoundTripError(f"worker {pid} exited while waiting for {what}:\n{log.read_text()[-3000:]}")
+        if time.monotonic() > deadline:
+            raise RoundTripError(f"timed out after {timeout:g}s waiting for {what}:\n{log.read_text()[-3000:]}")
+        time.sleep(0.02)
+
+
+def gpu_memory_bytes(pid: int) -> int | None:
+    """GPU memory the process holds, from nvidia-smi (None where there is no GPU or no answer)."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0] == str(pid):
+            return int(parts[1]) << 20
+    return None
+
+
+def probe(port: int) -> dict[str, Any]:
+    """Answer, tokens, init id, pid and weights checksum of the worker on `port`."""
+    base = f"http://127.0.0.1:{port}"
+    t0 = time.monotonic()
+    chat = _request(
+        f"{base}/v1/chat/completions",
+        {"model": "podsnap-demo", "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 24},
+    )
+    first_answer_s = time.monotonic() - t0
+    health = _request(f"{base}/health?checksum=1")
+    return {
+        "answer": chat["choices"][0]["message"]["content"],
+        "tokens": chat["podsnap"]["tokens"],
+        "init_id": chat["podsnap"]["init_id"],
+        "pid": chat["podsnap"]["pid"],
+        "weights_checksum": health["weights_checksum"],
+        "checksum_s": health.get("checksum_s"),
+        "answer_s": first_answer_s,
+        "health": {k: v for k, v in health.items() if k not in {"weights_checksum", "checksum_s"}},
+    }
+
+
+def start_detached(cmd: Sequence[str], workdir: Path, env: dict[str, str]) -> tuple[int, Path]:
+    """Start `cmd` re-parented to init (a restore needs its PID free, not held by our zombie)."""
+    log = workdir / "worker.log"
+    pidfile = workdir / "worker.pid"
+    pidfile.unlink(missing_ok=True)
+    script = f'echo $$ > "{pidfile}"; exec "$@" </dev/null >>"{log}" 2>&1'
+    subprocess.run(["setsid", "-f", "sh", "-c", script, "sh", *cmd], check=True, env=env)
+    deadline = time.monotonic() + 30
+    while not (pidfile.exists() and pidfile.read_text().strip()):
+        if time.monotonic() > deadline:
+            raise RoundTripError(f"no pid file from the worker launcher ({pidfile})")
+        time.sleep(0.01)
+    return int(pidfile.read_text()), log
+
+
+def round_trip(
+    workdir: Path,
+    worker_args: Sequence[str],
+    *,
+    port: int,
+    artifact_dir: Path | None = None,
+    criu_binary: Path | None = None,
+    cold_start_timeout_s: float = 600.0,
+    keep: bool = False,
+    progress: Callable[[str], None] | None = None,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Run the whole round trip; return a JSON-able report (see module doc). Raises RoundTripError."""
+    from podsnap.engine import CaptureOptions, RestoreOptions, capture, restore
+    from podsnap.engine.proctree import exists, kill_tree
+
+    say = progress or (lambda _msg: None)
+    workdir.mkdir(parents=True, exist_ok=True)
+    control = workdir / "control"
+    shutil.rmtree(control, ignore_errors=True)
+    control.mkdir()
+    artifact = (artifact_dir or workdir) / "artifact"
+    shutil.rmtree(artifact, ignore_errors=True)
+    cmd = [sys.executable, "-m", "podsnap.demo", "--host", "127.0.0.1", "--port", str(port), *worker_args]
+    wenv = {**(env if env is not None else os.environ), contract.ENV_CONTROL_DIR: str(control)}
+    report: dict[str, Any] = {"worker_args": list(worker_args)}
+    pid: int | None = None
+    try:
+        t0 = time.monotonic()
+        pid, log = start_detached(cmd, workdir, wenv)
+        health = f"http://127.0.0.1:{port}/health"
+        _wait("the cold start", lambda: _request(health, timeout=5)["status"] == "ok", cold_start_timeout_s, pid, log)
+        first = _request(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 24},
+        )
+        report["cold_start_s"] = time.monotonic() - t0
+        before = probe(port)
+        if first["choices"][0]["message"]["content"] != before["answer"]:
+            raise RoundTripError("the worker gave two answers to one question before any capture")
+        report["before"] = before
+        report["gpu_bytes"] = gpu_memory_bytes(pid)
+        say(f"cold start {report['cold_start_s']:.2f}s (pid {pid}); capturing")
+        _wait(contract.FILE_READY_FOR_SNAPSHOT, (control / contract.FILE_READY_FOR_SNAPSHOT).exists, 60, pid, log)
+        t1 = time.monotonic()
+        cap = capture(pid, artifact, CaptureOptions(criu_binary=criu_binary))
+        report["capture_s"] = time.monotonic() - t1
+        if exists(pid):
+            raise RoundTripError(f"the source (pid {pid}) survived its capture")
+        report["capture"] = {
+            "timings_ms": cap.timings_ms,
+            "bytes_total": cap.bytes_total,
+            "bytes_memory": cap.bytes_memory,
+            "cuda_pids": list(cap.cuda_pids),
+        }
+        say(f"captured {cap.bytes_total / GIB:.2f} GiB in {report['capture_s']:.2f}s; restoring")
+        t2 = time.monotonic()
+        res = restore(artifact, RestoreOptions(criu_binary=criu_binary))
+        pid = res.pid
+        t3 = time.monotonic()
+        ctx = contract.RestoreContext(env={"POD_NAME": "podsnap-roundtrip", "POD_IP": "127.0.0.1"})
+        (control / contract.FILE_RESTORE_CONTEXT).write_text(ctx.to_json())
+        (control / contract.FILE_RESTORE_COMPLETE).write_text("")
+        _wait(
+            "the restored worker to resume", lambda: _request(health, timeout=5).get("restored") is True, 120, pid, log
+        )
+        chat = _request(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 24},
+        )
+        t4 = time.monotonic()
+        report["restore_s"] = t4 - t2
+        report["restore"] = {
+            "timings_ms": res.timings_ms,
+            "bytes_total": res.bytes_total,
+            "resume_s": t4 - t3,
+            "first_answer": chat["choices"][0]["message"]["content"],
+        }
+        after = probe(port)
+        report["after"] = after
+        report["bit_exact"] = (
+            after["weights_checksum"] == before["weights_checksum"]
+            and after["tokens"] == before["tokens"]
+            and report["restore"]["first_answer"] == before["answer"]
+        )
+        report["same_worker"] = after["init_id"] == before["init_id"] and after["pid"] == before["pid"]
+        report["restore_over_cold"] = report["restore_s"] / report["cold_start_s"]
+        say(f"restored in {report['restore_s']:.2f}s; bit_exact={report['bit_exact']}")
+        return report
+    finally:
+        if pid is not None and not keep:
+            with contextlib.suppress(Exception):
+                kill_tree([pid])
+        if not keep:
+            shutil.rmtree(artifact, ignore_errors=True)

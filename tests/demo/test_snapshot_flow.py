@@ -1,0 +1,73 @@
+"""The demo worker's snapshot point: the SDK protocol in-process (no CRIU), then a real CRIU round trip."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from podsnap import contract
+from podsnap.demo._roundtrip import round_trip
+
+from .conftest import start_worker
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_the_worker_serves_while_offered_and_applies_the_context_when_released(tmp_path: Path) -> None:
+    control = tmp_path / "control"
+    control.mkdir()
+    env = {**os.environ, contract.ENV_CONTROL_DIR: str(control)}
+    w = start_worker(tmp_path, ["--device", "cpu"], env=env)
+    try:
+        deadline = time.monotonic() + 20
+        while not (control / contract.FILE_READY_FOR_SNAPSHOT).exists():
+            assert time.monotonic() < deadline, w.log.read_text()
+            time.sleep(0.02)
+        assert json.loads((control / contract.FILE_READY_FOR_SNAPSHOT).read_text())["pid"] == w.pid
+        # still answering while it waits for the capture: `podsnap demo` asks its question here
+        answer = w.chat("hello")["choices"][0]["message"]["content"]
+        assert w.get("/health")[1]["restore"] is None
+        (control / contract.FILE_RESTORE_CONTEXT).write_text(
+            contract.RestoreContext(env={"POD_IP": "10.1.2.3"}).to_json()
+        )
+        (control / contract.FILE_RESTORE_COMPLETE).write_text("")
+        while w.get("/health")[1]["restore"] is None:
+            assert time.monotonic() < deadline + 10, w.log.read_text()
+            time.sleep(0.02)
+        health = w.get("/health")[1]
+        assert health["restore"]["context_env"] == ["POD_IP"]
+        # the same process was released, not restored
+        assert health["restored"] is False
+        assert w.chat("hello")["choices"][0]["message"]["content"] == answer
+        assert '"restored": false' in w.log.read_text()
+    finally:
+        assert w.stop() == 0
+
+
+@pytest.mark.slow
+def test_a_criu_round_trip_keeps_answer_weights_and_init_id_and_the_sdk_knows_it_was_restored(
+    tmp_path: Path,
+) -> None:
+    from podsnap.engine import CriuError, find_binary
+
+    if os.geteuid() != 0:
+        pytest.skip("CRIU needs root")
+    try:
+        find_binary()
+    except CriuError as e:
+        pytest.skip(f"CRIU unusable: {str(e).splitlines()[0]}")
+    report = round_trip(tmp_path, ["--device", "cpu"], port=free_port())
+    assert report["bit_exact"], report
+    assert report["same_worker"], report
+    assert report["after"]["health"]["restored"] is True
+    assert report["after"]["health"]["restore"]["context_env"] == ["POD_IP", "POD_NAME"]
+    assert report["after"]["init_id"] == report["before"]["init_id"]
