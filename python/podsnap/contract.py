@@ -133,6 +133,27 @@ def is_truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+# --- operator and agent (added for issue 5; additive) ---------------------------------------
+#: the replica count a Deployment/StatefulSet had before WaitForCheckpoint held it at zero
+ANNOTATION_HELD_REPLICAS: Final = f"{GROUP}/held-replicas"
+
+REASON_POD_NOT_FOUND: Final = "PodNotFound"
+REASON_POD_UID_MISMATCH: Final = "PodUIDMismatch"
+REASON_CONTAINER_NOT_FOUND: Final = "ContainerNotFound"
+REASON_CHECKPOINT_READY: Final = "CheckpointReady"
+REASON_CHECKPOINT_PENDING: Final = "CheckpointPending"
+REASON_CHECKPOINT_FAILED: Final = "CheckpointFailed"
+REASON_TARGET_NOT_FOUND: Final = "TargetNotFound"
+
+STARTUP_POLICY_IMMEDIATE: Final = "Immediate"
+STARTUP_POLICY_WAIT: Final = "WaitForCheckpoint"
+DELETION_POLICY_DELETE: Final = "Delete"
+DELETION_POLICY_RETAIN: Final = "Retain"
+
+#: env of the node agent: the node it serves (downward API spec.nodeName)
+ENV_NODE_NAME: Final = "NODE_NAME"
+
+
 # --- deployment: what the chart passes to the operator and the agent ------------------------
 #: where the agent container mounts the artifact PVC (only the agent mounts it)
 ARTIFACT_ROOT_DEFAULT: Final = "/var/lib/podsnap/artifacts"

@@ -1,0 +1,66 @@
+"""Finding a container's processes on the host from its container ID.
+
+Every runtime puts the container ID in the cgroup path of its processes (containerd:
+`.../cri-containerd-<id>.scope` or `.../<id>`, CRI-O: `crio-<id>.scope`, Docker: `docker/<id>`), so a scan
+of `/proc/*/cgroup` finds them without talking to the runtime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+MIN_ID_LEN = 12
+
+
+class ContainerNotRunning(LookupError):
+    """No host process belongs to the container (it is not running here, or it just exited)."""
+
+
+def strip_runtime(container_id: str) -> str:
+    """`containerd://abc…` -> `abc…`."""
+    return container_id.split("://", 1)[-1].strip()
+
+
+@dataclass(frozen=True)
+class ContainerProcs:
+    pids: tuple[int, ...]
+    root: int
+
+
+def _ppid(status: str) -> int:
+    for line in status.splitlines():
+        if line.startswith("PPid:"):
+            return int(line.split()[1])
+    return 0
+
+
+def find_processes(container_id: str, proc_root: Path = Path("/proc")) -> ContainerProcs:
+    cid = strip_runtime(container_id)
+    if len(cid) < MIN_ID_LEN:
+        raise ValueError(f"container id {container_id!r} is too short to match cgroups safely")
+    parents: dict[int, int] = {}
+    for entry in proc_root.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if cid not in (entry / "cgroup").read_text():
+                continue
+            parents[int(entry.name)] = _ppid((entry / "status").read_text())
+        except OSError:  # the process exited while we looked
+            continue
+    if not parents:
+        raise ContainerNotRunning(f"no process of container {cid[:12]} under {proc_root}")
+    roots = sorted(pid for pid, ppid in parents.items() if ppid not in parents)
+    return ContainerProcs(pids=tuple(sorted(parents)), root=roots[0])
+
+
+def environ_of(pid: int, proc_root: Path = Path("/proc")) -> dict[str, str]:
+    """The environment a process started with (what the kubelet gave the container)."""
+    raw = (proc_root / str(pid) / "environ").read_bytes()
+    env: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        if b"=" in item:
+            key, _, value = item.decode(errors="replace").partition("=")
+            env[key] = value
+    return env

@@ -1,0 +1,88 @@
+"""The seam between the agent (Kubernetes) and the node engine (CUDA + CRIU + artifacts).
+
+The agent decides what to capture or restore and reports the outcome on the API objects; an `Executor`
+does the work on the host. `EngineExecutor` is the real one and calls `podsnap.engine`; tests that
+cannot run CRIU substitute a recording stand-in (`tests/operator/recording.py: RecordingExecutor`).
+
+Errors an executor raises, by how the agent reacts::
+
+    ExecutionError          the capture/restore failed -> CaptureFailed / RestoreFailed (reason carried)
+    └── IncompatibleError   a restore gate refused this host -> RestoreIncompatible (names the gate)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from podsnap import contract as c
+
+
+class ExecutionError(Exception):
+    """The executor failed; `reason` becomes the condition reason, the message its message."""
+
+    def __init__(self, message: str, *, reason: str = c.REASON_CAPTURE_FAILED) -> None:
+        self.reason = reason
+        super().__init__(message)
+
+
+class IncompatibleError(ExecutionError):
+    """A pre-restore compatibility gate refused this host."""
+
+    def __init__(self, gate: str, message: str) -> None:
+        self.gate = gate
+        super().__init__(message, reason=c.REASON_RESTORE_INCOMPATIBLE)
+
+
+@dataclass(frozen=True)
+class PodRef:
+    namespace: str
+    name: str
+    uid: str
+    container: str
+    container_id: str
+
+
+@dataclass(frozen=True)
+class CaptureRequest:
+    pod: PodRef
+    #: host PIDs of the container's processes; `root_pid` is the one whose parent is outside the container
+    pids: tuple[int, ...]
+    root_pid: int
+    #: where the artifact must end up (absolute; the executor stages next to it and renames into place)
+    artifact_dir: Path
+    node: str
+
+
+@dataclass(frozen=True)
+class CaptureResult:
+    size_bytes: int
+    digest: str
+    #: node, kernel, arch, glibc, driver, gpus[] (as in PodSnapshot.status.source)
+    source: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RestoreRequest:
+    pod: PodRef
+    #: host PIDs of the placeholder container (its process is what the worker is restored next to)
+    placeholder_pids: tuple[int, ...]
+    placeholder_root_pid: int
+    artifact_dir: Path
+    skip_compat: bool
+    node: str
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    #: host PIDs of the restored worker (root first)
+    pids: tuple[int, ...]
+
+
+class Executor(Protocol):
+    def capture(self, request: CaptureRequest) -> CaptureResult: ...
+
+    def restore(self, request: RestoreRequest) -> RestoreResult: ...
+
+    def remove(self, artifact_dir: Path) -> None: ...

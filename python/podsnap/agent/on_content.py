@@ -1,0 +1,184 @@
+"""Capture the PodSnapshotContents bound to this node; remove their artifacts when they go."""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NoReturn
+
+import kopf
+
+from podsnap import contract as c
+from podsnap.agent.containers import ContainerNotRunning, find_processes
+from podsnap.agent.executor import CaptureRequest, ExecutionError, PodRef
+from podsnap.agent.runtime import AgentContext, ctx_of, registry
+from podsnap.operator import conditions
+from podsnap.operator.capture_job import pod_ready
+from podsnap.operator.conditions import Condition, now_rfc3339, parse_time
+from podsnap.operator.kube import event, get_or_none
+
+CONTENTS = (c.GROUP, c.VERSION, c.PLURAL_POD_SNAPSHOT_CONTENTS)
+
+
+def terminal(status: Mapping[str, Any] | None) -> bool:
+    conds = (status or {}).get("conditions")
+    return conditions.is_true(conds, c.COND_READY) or conditions.is_true(conds, c.COND_FAILED)
+
+
+def artifact_dir(root: Path, rel: str) -> Path:
+    """The artifact directory of a content, refusing paths that would leave the artifact root."""
+    base = root.resolve()
+    target = (base / rel).resolve()
+    if base not in target.parents:
+        raise ExecutionError(f"spec.artifactPath {rel!r} leaves the artifact root", reason=c.REASON_INVALID_SPEC)
+    return target
+
+
+def _set(ctx: AgentContext, name: str, *updates: Condition, **fields: Any) -> None:
+    def mutate(obj: dict[str, Any]) -> bool:
+        status = obj["status"]
+        status.update(fields)
+        status["conditions"] = conditions.merged(status.get("conditions"), list(updates))
+        return True
+
+    ctx.kube.update_cr_status(c.PLURAL_POD_SNAPSHOT_CONTENTS, name, None, mutate)
+
+
+def _mine(labels: Mapping[str, str], memo: Any, **_: Any) -> bool:
+    # the label selector already filters server-side; this guards a misconfigured watch
+    return labels.get(c.LABEL_SNAPSHOT_NODE) == ctx_of(memo).config.node_name
+
+
+@kopf.on.create(*CONTENTS, registry=registry, when=_mine)
+@kopf.on.resume(*CONTENTS, registry=registry, when=_mine)
+def content_capture(
+    *,
+    name: str,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    meta: kopf.Meta,
+    body: kopf.Body,
+    memo: Any,
+    logger: kopf.Logger,
+    **_: Any,
+) -> None:
+    ctx = ctx_of(memo)
+    if terminal(status) or meta.get("deletionTimestamp"):
+        return
+    created = parse_time(meta.get("creationTimestamp"))
+    if created is not None:
+        ctx.metrics.pickup_seconds.observe(max(0.0, (datetime.datetime.now(datetime.UTC) - created).total_seconds()))
+    if conditions.reason_of(status.get("conditions"), c.COND_READY) == c.REASON_CAPTURE_IN_PROGRESS:
+        # an earlier agent died mid-capture: the source may be gone, and a half artifact must not be trusted
+        fail(
+            ctx,
+            body,
+            c.REASON_CAPTURE_FAILED,
+            "the agent restarted during the capture; capture again with a new PodSnapshot",
+        )
+    try:
+        request = _request(ctx, name, spec)
+    except ExecutionError as exc:
+        fail(ctx, body, exc.reason, str(exc))
+    _set(ctx, name, Condition(c.COND_READY, False, c.REASON_CAPTURE_IN_PROGRESS, f"capturing pid {request.root_pid}"))
+    event(
+        body,
+        type_="Normal",
+        reason=c.REASON_CAPTURE_IN_PROGRESS,
+        message=f"capturing {request.pod.namespace}/{request.pod.name}",
+    )
+    logger.info(
+        "capturing %s/%s (pids %s) into %s", request.pod.namespace, request.pod.name, request.pids, request.artifact_dir
+    )
+    started = time.monotonic()
+    try:
+        result = ctx.executor.capture(request)
+    except ExecutionError as exc:
+        fail(ctx, body, exc.reason, str(exc))
+    except Exception as exc:  # the executor's own bug must still end the content, not leave it pending
+        fail(ctx, body, c.REASON_CAPTURE_FAILED, f"{type(exc).__name__}: {exc}")
+    elapsed = time.monotonic() - started
+    ctx.metrics.capture_seconds.observe(elapsed)
+    ctx.metrics.capture_bytes.observe(result.size_bytes)
+    rel = spec.get("artifactPath") or name
+    _set(
+        ctx,
+        name,
+        Condition(c.COND_READY, True, c.REASON_CAPTURE_COMPLETED, f"captured in {elapsed:.1f} s"),
+        Condition(c.COND_FAILED, False, c.REASON_CAPTURE_COMPLETED, ""),
+        artifact={"path": rel, "sizeBytes": result.size_bytes, "digest": result.digest},
+        source={"node": ctx.config.node_name, **result.source},
+        capturedAt=now_rfc3339(),
+    )
+    event(
+        body, type_="Normal", reason=c.REASON_CAPTURE_COMPLETED, message=f"{result.size_bytes} bytes in {elapsed:.1f} s"
+    )
+
+
+def _request(ctx: AgentContext, name: str, spec: Mapping[str, Any]) -> CaptureRequest:
+    ref = (spec.get("source") or {}).get("podRef") or {}
+    container = (ref.get("containers") or ["main"])[0]
+    pod_obj = get_or_none(ctx.kube.core.read_namespaced_pod, ref.get("name"), ref.get("namespace"))
+    if pod_obj is None:
+        raise ExecutionError(
+            f"source pod {ref.get('namespace')}/{ref.get('name')} is gone", reason=c.REASON_POD_NOT_FOUND
+        )
+    pod = ctx.kube.sanitize(pod_obj)
+    if ref.get("uid") and pod["metadata"]["uid"] != ref["uid"]:
+        raise ExecutionError(
+            f"pod {ref.get('name')} was re-created (uid {pod['metadata']['uid']}, expected {ref['uid']})",
+            reason=c.REASON_POD_UID_MISMATCH,
+        )
+    if pod["spec"].get("nodeName") != ctx.config.node_name:
+        raise ExecutionError(
+            f"pod runs on {pod['spec'].get('nodeName')}, not on {ctx.config.node_name}", reason=c.REASON_POD_NOT_FOUND
+        )
+    if not pod_ready(pod):
+        raise kopf.TemporaryError("the source pod is not Ready (no ready-for-snapshot yet)", delay=1)
+    statuses = {s["name"]: s for s in (pod.get("status") or {}).get("containerStatuses") or []}
+    cid = (statuses.get(container) or {}).get("containerID")
+    if not cid:
+        raise ExecutionError(
+            f"container {container!r} has no containerID in the pod status", reason=c.REASON_CONTAINER_NOT_FOUND
+        )
+    try:
+        procs = find_processes(cid, ctx.config.proc_root)
+    except ContainerNotRunning as exc:
+        raise ExecutionError(str(exc), reason=c.REASON_CONTAINER_NOT_FOUND) from exc
+    return CaptureRequest(
+        pod=PodRef(ref["namespace"], ref["name"], pod["metadata"]["uid"], container, cid),
+        pids=procs.pids,
+        root_pid=procs.root,
+        artifact_dir=artifact_dir(ctx.config.artifact_root, spec.get("artifactPath") or name),
+        node=ctx.config.node_name,
+    )
+
+
+def fail(ctx: AgentContext, body: Mapping[str, Any], reason: str, message: str) -> NoReturn:
+    name = body["metadata"]["name"]
+    _set(
+        ctx,
+        name,
+        Condition(c.COND_FAILED, True, reason, message[:4000]),
+        Condition(c.COND_READY, False, reason, message[:4000]),
+    )
+    event(body, type_="Warning", reason=reason, message=message)
+    ctx.metrics.failures.labels("capture", reason).inc()
+    raise kopf.PermanentError(message)
+
+
+@kopf.on.delete(*CONTENTS, registry=registry, when=_mine)
+def content_cleanup(*, name: str, spec: kopf.Spec, memo: Any, logger: kopf.Logger, **_: Any) -> None:
+    ctx = ctx_of(memo)
+    if spec.get("deletionPolicy", c.DELETION_POLICY_DELETE) != c.DELETION_POLICY_DELETE:
+        return
+    try:
+        target = artifact_dir(ctx.config.artifact_root, spec.get("artifactPath") or name)
+    except ExecutionError as exc:
+        logger.warning("not removing an artifact outside the root: %s", exc)
+        return
+    if target.exists():
+        ctx.executor.remove(target)
+        logger.info("removed artifact %s", target)

@@ -1,0 +1,161 @@
+"""Restore the restore pods scheduled on this node into their placeholder containers.
+
+Pod events are level-triggered here: each event of a shaped pod on this node is checked against the pod
+condition `podsnap.io/Restored`, which is the only progress record (a pod is the user's object, so the
+agent leaves no bookkeeping annotations on it beyond `restored-container-ids`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from podsnap import contract as c
+from podsnap.agent import control
+from podsnap.agent.containers import ContainerNotRunning, environ_of, find_processes
+from podsnap.agent.executor import ExecutionError, IncompatibleError, PodRef, RestoreRequest
+from podsnap.agent.on_content import artifact_dir
+from podsnap.agent.runtime import AgentContext, ctx_of, registry
+from podsnap.operator import conditions
+from podsnap.operator.conditions import now_rfc3339
+from podsnap.operator.kube import event
+from podsnap.operator.restore_pod import control_dir_of
+
+TERMINAL_REASONS = (c.REASON_RESTORE_SUCCEEDED, c.REASON_RESTORE_FAILED, c.REASON_RESTORE_INCOMPATIBLE)
+#: env the new pod's identity is published under in restore-context.json
+IDENTITY_KEYS = ("POD_NAME", "POD_NAMESPACE", "POD_UID", "POD_IP", "NODE_NAME", "HOSTNAME")
+
+
+def set_restored(ctx: AgentContext, pod: Mapping[str, Any], status: bool, reason: str, message: str) -> None:
+    """Set the pod condition through pods/status; a strategic merge keyed by type leaves the kubelet's alone."""
+    meta = pod["metadata"]
+    cond = {
+        "type": c.POD_CONDITION_RESTORED,
+        "status": "True" if status else "False",
+        "reason": reason,
+        "message": message[:4000],
+        "lastTransitionTime": now_rfc3339(),
+    }
+    ctx.kube.core.patch_namespaced_pod_status(
+        meta["name"], meta["namespace"], {"status": {"conditions": [cond]}},
+        _content_type="application/strategic-merge-patch+json",
+    )  # fmt: skip
+
+
+def restore_context_env(pod: Mapping[str, Any], container_env: Mapping[str, str], node: str) -> dict[str, str]:
+    """The new pod's identity plus what the kubelet gave the new container (service links, downward API)."""
+    meta, status = pod["metadata"], pod.get("status") or {}
+    identity = {
+        "POD_NAME": meta["name"],
+        "POD_NAMESPACE": meta["namespace"],
+        "POD_UID": meta["uid"],
+        "POD_IP": status.get("podIP") or "",
+        "NODE_NAME": node,
+        "HOSTNAME": meta["name"],
+    }
+    env = {k: v for k, v in container_env.items() if k not in ("PATH", "HOME", "PWD", "SHLVL", "_")}
+    env.update(identity)
+    return env
+
+
+def _running_container_id(pod: Mapping[str, Any], container: str) -> str | None:
+    for st in (pod.get("status") or {}).get("containerStatuses") or []:
+        if st.get("name") == container and "running" in (st.get("state") or {}) and st.get("containerID"):
+            return str(st["containerID"])
+    return None
+
+
+@kopf.on.event("v1", "pods", registry=registry)
+def pod_restore(*, body: kopf.Body, type: str | None, memo: Any, logger: kopf.Logger, **_: Any) -> None:
+    ctx = ctx_of(memo)
+    if type == "DELETED":
+        return
+    pod: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod", **dict(body)}
+    meta = pod["metadata"]
+    annotations = meta.get("annotations") or {}
+    snapshot = annotations.get(c.ANNOTATION_RESTORE_FROM)
+    if not snapshot or meta.get("deletionTimestamp") or (pod.get("spec") or {}).get("nodeName") != ctx.config.node_name:
+        return
+    cond = conditions.find((pod.get("status") or {}).get("conditions"), c.POD_CONDITION_RESTORED)
+    reason = None if cond is None else cond.get("reason")
+    if reason in TERMINAL_REASONS:
+        return
+    uid = meta["uid"]
+    with ctx.lock:
+        if uid in ctx.restoring:
+            return
+        ctx.restoring.add(uid)
+    try:
+        if reason == c.REASON_RESTORE_IN_PROGRESS:
+            # an earlier agent died mid-restore; whatever it left is not trusted to serve
+            _fail(ctx, pod, c.REASON_RESTORE_FAILED, "the agent restarted during the restore; delete the pod to retry")
+            return
+        container = annotations.get(c.ANNOTATION_RESTORE_CONTAINER) or pod["spec"]["containers"][0]["name"]
+        cid = _running_container_id(pod, container)
+        if cid is None:
+            return  # the placeholder is not running yet; a later event brings it
+        restore(ctx, pod, snapshot=snapshot, container=container, cid=cid, logger=logger)
+    finally:
+        with ctx.lock:
+            ctx.restoring.discard(uid)
+
+
+def _fail(ctx: AgentContext, pod: Mapping[str, Any], reason: str, message: str) -> None:
+    set_restored(ctx, pod, False, reason, message)
+    event(pod, type_="Warning", reason=reason, message=message)
+    ctx.metrics.failures.labels("restore", reason).inc()
+
+
+def restore(
+    ctx: AgentContext, pod: Mapping[str, Any], *, snapshot: str, container: str, cid: str, logger: kopf.Logger
+) -> None:
+    meta = pod["metadata"]
+    started = time.monotonic()
+    try:
+        snap = ctx.kube.get_cr(c.PLURAL_POD_SNAPSHOTS, snapshot, meta["namespace"])
+        sstatus = (snap or {}).get("status") or {}
+        if snap is None or not conditions.is_true(sstatus.get("conditions"), c.COND_READY):
+            raise ExecutionError(f"PodSnapshot {snapshot} is missing or not Ready", reason=c.REASON_RESTORE_FAILED)
+        rel = (sstatus.get("artifact") or {}).get("path")
+        if not rel:
+            raise ExecutionError(f"PodSnapshot {snapshot} has no status.artifact.path", reason=c.REASON_RESTORE_FAILED)
+        procs = find_processes(cid, ctx.config.proc_root)
+        spec_container = next(ct for ct in pod["spec"]["containers"] if ct["name"] == container)
+        container_env = environ_of(procs.root, ctx.config.proc_root)
+        set_restored(ctx, pod, False, c.REASON_RESTORE_IN_PROGRESS, f"restoring from {snapshot}")
+        event(pod, type_="Normal", reason=c.REASON_RESTORE_IN_PROGRESS, message=f"restoring from {snapshot}")
+        request = RestoreRequest(
+            pod=PodRef(meta["namespace"], meta["name"], meta["uid"], container, cid),
+            placeholder_pids=procs.pids,
+            placeholder_root_pid=procs.root,
+            artifact_dir=artifact_dir(ctx.config.artifact_root, rel),
+            skip_compat=c.is_truthy((meta.get("annotations") or {}).get(c.ANNOTATION_SKIP_COMPAT_CHECK)),
+            node=ctx.config.node_name,
+        )
+        result = ctx.executor.restore(request)
+        directory = control.control_dir(
+            result.pids[0] if result.pids else procs.root, control_dir_of(spec_container), ctx.config.proc_root
+        )
+        control.signal_restored(directory, restore_context_env(pod, container_env, ctx.config.node_name))
+    except IncompatibleError as exc:
+        _fail(ctx, pod, c.REASON_RESTORE_INCOMPATIBLE, f"gate {exc.gate}: {exc}")
+        return
+    except (ExecutionError, ContainerNotRunning, OSError) as exc:
+        _fail(ctx, pod, c.REASON_RESTORE_FAILED, str(exc))
+        return
+    except Exception as exc:  # an executor bug must still end in a terminal condition
+        _fail(ctx, pod, c.REASON_RESTORE_FAILED, f"{type(exc).__name__}: {exc}")
+        return
+    ctx.kube.core.patch_namespaced_pod(
+        meta["name"], meta["namespace"], {"metadata": {"annotations": {c.ANNOTATION_RESTORED_CONTAINER_IDS: cid}}}
+    )
+    elapsed = time.monotonic() - started
+    set_restored(ctx, pod, True, c.REASON_RESTORE_SUCCEEDED, f"restored from {snapshot} in {elapsed:.2f} s")
+    event(
+        pod, type_="Normal", reason=c.REASON_RESTORE_SUCCEEDED, message=f"restored from {snapshot} in {elapsed:.2f} s"
+    )
+    ctx.metrics.restore_seconds.observe(elapsed)
+    logger.info("restored %s/%s from %s in %.2f s", meta["namespace"], meta["name"], snapshot, elapsed)

@@ -1,0 +1,35 @@
+"""The agent's kopf registry and the context its handlers share through kopf's `memo`."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from podsnap.agent.config import AgentConfig
+from podsnap.agent.executor import Executor
+from podsnap.agent.metrics import AgentMetrics
+from podsnap.operator.kube import Credentials, Kube
+
+registry = kopf.OperatorRegistry()
+
+
+@dataclass
+class AgentContext:
+    config: AgentConfig
+    credentials: Credentials
+    kube: Kube
+    executor: Executor
+    metrics: AgentMetrics
+    #: pod UIDs whose restore runs now (pod events arrive while a restore is in flight)
+    restoring: set[str] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def ctx_of(memo: Any) -> AgentContext:
+    ctx = memo.get("podsnap") if hasattr(memo, "get") else None
+    if not isinstance(ctx, AgentContext):
+        raise kopf.PermanentError("agent context missing from memo: start through podsnap.agent.main")
+    return ctx

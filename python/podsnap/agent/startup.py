@@ -1,0 +1,44 @@
+"""The agent's startup handler: watch only this node's contents and restore pods (server-side selectors)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from podsnap import contract as c
+from podsnap.agent.config import AgentConfig
+from podsnap.agent.runtime import ctx_of, registry
+
+PROGRESS_PREFIX = f"agent.{c.GROUP}"
+
+
+def apply_settings(settings: kopf.OperatorSettings, config: AgentConfig) -> None:
+    # the content's artifact finalizer is this agent's: kopf removes it once the delete handler succeeds
+    settings.persistence.finalizer = c.FINALIZER_CONTENT_ARTIFACT
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PROGRESS_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=PROGRESS_PREFIX, key="last-handled-configuration"
+    )
+    settings.peering.standalone = True
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    settings.networking.request_timeout = 30
+    node = config.node_name
+    settings.watching.label_selectors[c.GROUP, c.PLURAL_POD_SNAPSHOT_CONTENTS] = f"{c.LABEL_SNAPSHOT_NODE}={node}"
+    settings.watching.label_selectors["v1", "pods"] = f"{c.LABEL_RESTORE}=true"
+    settings.watching.field_selectors["v1", "pods"] = f"spec.nodeName={node}"
+
+
+@kopf.on.startup(registry=registry)
+def startup(*, settings: kopf.OperatorSettings, memo: Any, logger: kopf.Logger, **_: Any) -> None:
+    ctx = ctx_of(memo)
+    apply_settings(settings, ctx.config)
+    ctx.config.artifact_root.mkdir(parents=True, exist_ok=True)
+    logger.info("podsnap agent on node %s (artifacts under %s)", ctx.config.node_name, ctx.config.artifact_root)
+
+
+@kopf.on.login(registry=registry)
+def login(*, memo: Any, **_: Any) -> kopf.ConnectionInfo:
+    return ctx_of(memo).credentials.connection_info()

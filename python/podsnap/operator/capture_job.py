@@ -1,0 +1,277 @@
+"""SnapshotJob -> batch/v1 Job shaped for capture, and the SnapshotJob state machine (pure functions).
+
+Why the Job looks the way it does:
+- `backoffLimit: 0`, `restartPolicy: Never`: a capture is one attempt; a retry would warm a second worker.
+- `shareProcessNamespace: true`: the pause container becomes PID 1, so the worker's namespace PID is free
+  to be taken again inside a restore pod (CRIU restores the same PID there).
+- readiness probe on `ready-for-snapshot` every second: pod Ready is the capture gate.
+- liveness/startup probes cleared on the target: a quiesced worker must not be restarted by the kubelet.
+- sidecar injection off: a mesh proxy's sockets would end up in the checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from podsnap import contract as c
+from podsnap.operator.conditions import Condition, find, is_true, parse_time
+
+DEFAULT_DEADLINE_S = 3600
+DEFAULT_TARGET_CONTAINERS = ("main",)
+SIDECAR_OFF_ANNOTATIONS = {"sidecar.istio.io/inject": "false", "linkerd.io/inject": "disabled"}
+
+
+class InvalidSpec(ValueError):
+    """A spec the operator refuses; the message names the field and the fix."""
+
+
+@dataclass(frozen=True)
+class CaptureSpec:
+    pod_template: dict[str, Any]
+    target_container: str
+    deadline_s: int
+
+
+def parse_spec(spec: Mapping[str, Any] | None) -> CaptureSpec:
+    spec = spec or {}
+    template = spec.get("podTemplate")
+    if not isinstance(template, Mapping) or not isinstance(template.get("spec"), Mapping):
+        raise InvalidSpec("spec.podTemplate.spec is required: give the pod template of the worker to capture")
+    containers = template["spec"].get("containers") or []
+    names = [ct.get("name") for ct in containers if isinstance(ct, Mapping)]
+    targets = (spec.get("podSnapshotTemplate") or {}).get("targetContainers") or list(DEFAULT_TARGET_CONTAINERS)
+    if len(targets) != 1:
+        raise InvalidSpec(
+            f"spec.podSnapshotTemplate.targetContainers must name exactly one container, got {list(targets)!r}"
+        )
+    target = targets[0]
+    if target not in names:
+        raise InvalidSpec(
+            f"spec.podSnapshotTemplate.targetContainers: container {target!r} is not in spec.podTemplate "
+            f"(containers: {names}); name one of them"
+        )
+    deadline = spec.get("activeDeadlineSeconds", DEFAULT_DEADLINE_S)
+    if not isinstance(deadline, int) or deadline <= 0:
+        raise InvalidSpec(f"spec.activeDeadlineSeconds must be a positive integer, got {deadline!r}")
+    return CaptureSpec(pod_template=copy.deepcopy(dict(template)), target_container=target, deadline_s=deadline)
+
+
+def job_name(snapshot_job: str) -> str:
+    """The Job is named after its SnapshotJob; long names are cut with a hash so `job-name` labels stay valid."""
+    if len(snapshot_job) <= 52:
+        return snapshot_job
+    return f"{snapshot_job[:43]}-{hashlib.sha256(snapshot_job.encode()).hexdigest()[:8]}"
+
+
+def control_env(control_dir: str = c.CONTROL_DIR_DEFAULT) -> list[dict[str, str]]:
+    return [{"name": c.ENV_CONTROL_DIR, "value": control_dir}]
+
+
+def with_control_dir(container: dict[str, Any]) -> dict[str, Any]:
+    """Mount the control volume and set SNAPSHOT_CONTROL_DIR (the container's own value wins if set)."""
+    mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") != c.CONTROL_VOLUME_NAME]
+    mounts.append({"name": c.CONTROL_VOLUME_NAME, "mountPath": c.CONTROL_DIR_DEFAULT})
+    container["volumeMounts"] = mounts
+    env = list(container.get("env") or [])
+    if not any(e.get("name") == c.ENV_CONTROL_DIR for e in env):
+        env.extend(control_env())
+    container["env"] = env
+    return container
+
+
+def with_control_volume(pod_spec: dict[str, Any]) -> dict[str, Any]:
+    volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") != c.CONTROL_VOLUME_NAME]
+    volumes.append({"name": c.CONTROL_VOLUME_NAME, "emptyDir": {}})
+    pod_spec["volumes"] = volumes
+    return pod_spec
+
+
+def build_job(
+    *,
+    name: str,
+    namespace: str,
+    uid: str,
+    spec: CaptureSpec,
+    seccomp_profile: str | None,
+    extra_labels: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    template = copy.deepcopy(spec.pod_template)
+    meta = template.setdefault("metadata", {})
+    labels = {**(meta.get("labels") or {}), **(extra_labels or {})}
+    labels[c.LABEL_SNAPSHOT_JOB] = name
+    labels[c.LABEL_CHECKPOINT_SOURCE] = "true"
+    meta["labels"] = labels
+    meta["annotations"] = {**(meta.get("annotations") or {}), **SIDECAR_OFF_ANNOTATIONS}
+    pod = template["spec"]
+    pod["restartPolicy"] = "Never"
+    pod["shareProcessNamespace"] = True
+    if seccomp_profile:
+        sc = pod.setdefault("securityContext", {})
+        sc["seccompProfile"] = {"type": "Localhost", "localhostProfile": seccomp_profile}
+    with_control_volume(pod)
+    for container in pod["containers"]:
+        if container.get("name") != spec.target_container:
+            continue
+        with_control_dir(container)
+        container.pop("livenessProbe", None)
+        container.pop("startupProbe", None)
+        container["readinessProbe"] = {
+            "exec": {"command": ["sh", "-c", f'cat "${{{c.ENV_CONTROL_DIR}}}/{c.FILE_READY_FOR_SNAPSHOT}"']},
+            "periodSeconds": 1,
+            "failureThreshold": 1,
+            "successThreshold": 1,
+        }
+    job_labels = {c.LABEL_SNAPSHOT_JOB: name, c.LABEL_CHECKPOINT_SOURCE: "true", **(extra_labels or {})}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": job_name(name),
+            "namespace": namespace,
+            "labels": job_labels,
+            "ownerReferences": [
+                {
+                    "apiVersion": c.API_VERSION,
+                    "kind": c.KIND_SNAPSHOT_JOB,
+                    "name": name,
+                    "uid": uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": spec.deadline_s,
+            "template": template,
+        },
+    }
+
+
+# --- state machine ----------------------------------------------------------------------------
+
+
+def pod_ready(pod: Mapping[str, Any] | None) -> bool:
+    if pod is None:
+        return False
+    return is_true((pod.get("status") or {}).get("conditions"), "Ready") and bool(
+        (pod.get("spec") or {}).get("nodeName")
+    )
+
+
+def job_finished(job: Mapping[str, Any] | None) -> tuple[str, str] | None:
+    """(condition type, reason) when the Job is Complete or Failed."""
+    for cond in (job or {}).get("status", {}).get("conditions") or []:
+        if cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True":
+            return cond["type"], cond.get("reason") or ""
+    return None
+
+
+@dataclass
+class Step:
+    """What one reconcile of a SnapshotJob decided. The caller applies it."""
+
+    conditions: list[Condition] = field(default_factory=list)
+    status: dict[str, Any] = field(default_factory=dict)
+    create_snapshot_for: Mapping[str, Any] | None = None
+    delete_job: bool = False
+    terminal: bool = False
+    event: tuple[str, str, str] | None = None  # (type, reason, message)
+
+
+def _fail(reason: str, message: str, now: str) -> Step:
+    return Step(
+        conditions=[Condition(c.COND_FAILED, True, reason, message), Condition(c.COND_RUNNING, False, reason, message)],
+        status={"completedAt": now},
+        delete_job=True,
+        terminal=True,
+        event=("Warning", reason, message),
+    )
+
+
+def is_terminal(status: Mapping[str, Any] | None) -> bool:
+    conds = (status or {}).get("conditions")
+    return is_true(conds, c.COND_COMPLETED) or is_true(conds, c.COND_FAILED)
+
+
+def decide(
+    *,
+    status: Mapping[str, Any] | None,
+    deadline_s: int,
+    now: datetime.datetime,
+    job: Mapping[str, Any] | None,
+    pod: Mapping[str, Any] | None,
+    snapshot: Mapping[str, Any] | None,
+) -> Step:
+    status = status or {}
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    if is_terminal(status):
+        return Step(terminal=True)
+    conds = status.get("conditions")
+    snap_conds = (snapshot or {}).get("status", {}).get("conditions")
+
+    if snapshot is not None and is_true(snap_conds, c.COND_READY):
+        if job is None or job_finished(job) is not None:
+            msg = "the capture is complete and the source Job has finished"
+            return Step(
+                conditions=[
+                    Condition(c.COND_CAPTURED, True, c.REASON_CAPTURE_COMPLETED, "the PodSnapshot is Ready"),
+                    Condition(c.COND_COMPLETED, True, c.REASON_JOB_COMPLETED, msg),
+                    Condition(c.COND_RUNNING, False, c.REASON_JOB_COMPLETED, msg),
+                ],
+                status={"completedAt": stamp},
+                terminal=True,
+                event=("Normal", c.REASON_JOB_COMPLETED, msg),
+            )
+        # the checkpoint ended the worker; whatever else runs in the source pod only holds resources
+        step = Step(
+            conditions=[Condition(c.COND_CAPTURED, True, c.REASON_CAPTURE_COMPLETED, "the PodSnapshot is Ready")],
+            delete_job=True,
+        )
+        if not is_true(conds, c.COND_CAPTURED):
+            step.event = ("Normal", c.REASON_CAPTURE_COMPLETED, "the PodSnapshot is Ready")
+        return step
+    if snapshot is not None and is_true(snap_conds, c.COND_FAILED):
+        failed = find(snap_conds, c.COND_FAILED) or {}
+        return _fail(c.REASON_CAPTURE_FAILED, f"{failed.get('reason')}: {failed.get('message', '')}", stamp)
+
+    started = parse_time(status.get("startedAt"))
+    if started is not None and (now - started).total_seconds() >= deadline_s:
+        return _fail(c.REASON_DEADLINE_EXCEEDED, f"no capture within activeDeadlineSeconds={deadline_s}", stamp)
+    finished = job_finished(job)
+    if finished is not None and finished[1] == "DeadlineExceeded":
+        return _fail(c.REASON_DEADLINE_EXCEEDED, f"the Job passed activeDeadlineSeconds={deadline_s}", stamp)
+
+    if snapshot is not None:
+        step = Step(
+            conditions=[Condition(c.COND_RUNNING, True, c.REASON_CAPTURE_IN_PROGRESS, "the node agent is capturing")]
+        )
+        if status.get("podSnapshotName") != snapshot["metadata"]["name"]:
+            step.status = {
+                "podSnapshotName": snapshot["metadata"]["name"],
+                "podSnapshotUID": snapshot["metadata"]["uid"],
+            }
+        return step
+
+    phase = (pod or {}).get("status", {}).get("phase")
+    if finished is not None or phase in ("Succeeded", "Failed"):
+        what = f"Job {finished[0]} ({finished[1]})" if finished else f"pod {phase}"
+        return _fail(
+            c.REASON_SOURCE_COMPLETED_WITHOUT_CAPTURE,
+            f"the source finished before it was captured: {what}; the worker must write ready-for-snapshot and wait",
+            stamp,
+        )
+    if pod is not None and pod_ready(pod):
+        msg = f"pod {pod['metadata']['name']} is Ready on node {pod['spec']['nodeName']}; capturing"
+        return Step(
+            conditions=[Condition(c.COND_RUNNING, True, c.REASON_POD_READY, msg)],
+            create_snapshot_for=pod,
+            event=("Normal", c.REASON_POD_READY, msg),
+        )
+    msg = "waiting for the source pod to become Ready (ready-for-snapshot)"
+    return Step(conditions=[Condition(c.COND_RUNNING, True, c.REASON_POD_PENDING, msg)])

@@ -1,0 +1,93 @@
+"""metav1.Condition lists: pure helpers, and kopf patch functions that are safe to replay.
+
+kopf replays `patch.fns` after a 422 conflict against a fresher body, so every function here reads the
+list it changes from the body it is given instead of from a stale copy.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+TRUE = "True"
+FALSE = "False"
+
+
+def now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: str | None) -> datetime.datetime | None:
+    if not value:
+        return None
+    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: bool
+    reason: str
+    message: str = ""
+
+
+def find(conditions: Sequence[Mapping[str, Any]] | None, type_: str) -> Mapping[str, Any] | None:
+    for cond in conditions or ():
+        if cond.get("type") == type_:
+            return cond
+    return None
+
+
+def is_true(conditions: Sequence[Mapping[str, Any]] | None, type_: str) -> bool:
+    cond = find(conditions, type_)
+    return cond is not None and cond.get("status") == TRUE
+
+
+def reason_of(conditions: Sequence[Mapping[str, Any]] | None, type_: str) -> str | None:
+    cond = find(conditions, type_)
+    return None if cond is None else cond.get("reason")
+
+
+def merged(
+    conditions: Sequence[Mapping[str, Any]] | None,
+    updates: Sequence[Condition],
+    *,
+    now: str | None = None,
+    generation: int | None = None,
+) -> list[dict[str, Any]]:
+    """The list with `updates` applied; lastTransitionTime moves only when the status flips."""
+    stamp = now or now_rfc3339()
+    result = [dict(c) for c in conditions or ()]
+    for update in updates:
+        status = TRUE if update.status else FALSE
+        new: dict[str, Any] = {
+            "type": update.type,
+            "status": status,
+            "reason": update.reason,
+            "message": update.message,
+            "lastTransitionTime": stamp,
+        }
+        if generation is not None:
+            new["observedGeneration"] = generation
+        for i, old in enumerate(result):
+            if old.get("type") == update.type:
+                if old.get("status") == status and old.get("lastTransitionTime"):
+                    new["lastTransitionTime"] = old["lastTransitionTime"]
+                result[i] = new
+                break
+        else:
+            result.append(new)
+    return result
+
+
+def patch_fn(*updates: Condition, generation: int | None = None) -> Callable[[Any], None]:
+    """A kopf `patch.fns` entry that sets these conditions on whatever body kopf replays it against."""
+    stamp = now_rfc3339()
+
+    def apply(body: Any) -> None:
+        status = body.setdefault("status", {})
+        status["conditions"] = merged(status.get("conditions"), updates, now=stamp, generation=generation)
+
+    return apply

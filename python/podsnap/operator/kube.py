@@ -1,0 +1,212 @@
+"""Kubernetes access shared by the operator and the agent: credentials (for kopf and the `kubernetes`
+client alike), idempotent create, status writes with optimistic concurrency, and Events."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import kopf
+import kubernetes
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from podsnap import contract as c
+
+log = logging.getLogger(__name__)
+
+SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+CONFLICT_RETRIES = 8
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """One identity against one API server: a bearer token (ServiceAccount) or client certificates."""
+
+    server: str
+    ca_path: str | None = None
+    token: str | None = None
+    cert_path: str | None = None
+    key_path: str | None = None
+    namespace: str = "default"
+
+    @classmethod
+    def load(cls, kubeconfig: str | os.PathLike[str] | None = None) -> Credentials:
+        """From a kubeconfig (its current context) if given, else from the pod's ServiceAccount."""
+        if kubeconfig:
+            return cls._from_kubeconfig(Path(kubeconfig))
+        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        if not host or not (SA_DIR / "token").exists():
+            raise RuntimeError(
+                "no Kubernetes credentials: pass --kubeconfig (or set KUBECONFIG), or run in a pod with a ServiceAccount"
+            )
+        ns_file = SA_DIR / "namespace"
+        return cls(
+            server=f"https://{host}:{port}",
+            ca_path=str(SA_DIR / "ca.crt"),
+            token=(SA_DIR / "token").read_text().strip(),
+            namespace=ns_file.read_text().strip() if ns_file.exists() else "default",
+        )
+
+    @classmethod
+    def _from_kubeconfig(cls, path: Path) -> Credentials:
+        doc = yaml.safe_load(path.read_text())
+        ctx_name = doc.get("current-context")
+        ctx = next((x["context"] for x in doc.get("contexts", []) if x["name"] == ctx_name), None)
+        if ctx is None:
+            raise RuntimeError(f"{path}: current-context {ctx_name!r} not found")
+        cluster = next(x["cluster"] for x in doc["clusters"] if x["name"] == ctx["cluster"])
+        user = next(x["user"] for x in doc["users"] if x["name"] == ctx["user"])
+        if "certificate-authority-data" in cluster or "client-certificate-data" in user:
+            raise RuntimeError(f"{path}: inline *-data entries are not supported; reference files instead")
+        return cls(
+            server=cluster["server"],
+            ca_path=cluster.get("certificate-authority"),
+            token=user.get("token"),
+            cert_path=user.get("client-certificate"),
+            key_path=user.get("client-key"),
+            namespace=ctx.get("namespace") or "default",
+        )
+
+    def connection_info(self) -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(
+            server=self.server,
+            ca_path=self.ca_path,
+            scheme="Bearer" if self.token else None,
+            token=self.token,
+            certificate_path=self.cert_path,
+            private_key_path=self.key_path,
+            default_namespace=self.namespace,
+        )
+
+    def api_client(self) -> kubernetes.client.ApiClient:
+        conf = kubernetes.client.Configuration()
+        conf.host = self.server
+        conf.ssl_ca_cert = self.ca_path
+        if self.token:
+            conf.api_key = {"authorization": f"Bearer {self.token}"}
+        conf.cert_file = self.cert_path
+        conf.key_file = self.key_path
+        return kubernetes.client.ApiClient(conf)
+
+
+class Kube:
+    """The typed API groups one component uses, over one ApiClient."""
+
+    def __init__(self, client: kubernetes.client.ApiClient) -> None:
+        # typed as Any: podsnap passes plain dicts as bodies (the client accepts them) and reads results
+        # through sanitize(), so the client's model types would only get in the way
+        self.client: Any = client
+        self.core: Any = kubernetes.client.CoreV1Api(client)
+        self.apps: Any = kubernetes.client.AppsV1Api(client)
+        self.batch: Any = kubernetes.client.BatchV1Api(client)
+        self.custom: Any = kubernetes.client.CustomObjectsApi(client)
+
+    def sanitize(self, obj: Any) -> dict[str, Any]:
+        return dict(self.client.sanitize_for_serialization(obj))
+
+    # --- custom objects ------------------------------------------------------------------------
+    def get_cr(self, plural: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        try:
+            if namespace is None:
+                return dict(self.custom.get_cluster_custom_object(c.GROUP, c.VERSION, plural, name))
+            return dict(self.custom.get_namespaced_custom_object(c.GROUP, c.VERSION, namespace, plural, name))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def create_cr(self, plural: str, body: dict[str, Any], namespace: str | None = None) -> tuple[dict[str, Any], bool]:
+        """Create, or return the existing object of that name: (object, created)."""
+        name = body["metadata"]["name"]
+        try:
+            if namespace is None:
+                return dict(self.custom.create_cluster_custom_object(c.GROUP, c.VERSION, plural, body)), True
+            return dict(self.custom.create_namespaced_custom_object(c.GROUP, c.VERSION, namespace, plural, body)), True
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        existing = self.get_cr(plural, name, namespace)
+        if existing is None:
+            raise kopf.TemporaryError(f"{plural}/{name} exists and vanished; retrying", delay=1)
+        return existing, False
+
+    def delete_cr(self, plural: str, name: str, namespace: str | None = None) -> bool:
+        try:
+            if namespace is None:
+                self.custom.delete_cluster_custom_object(c.GROUP, c.VERSION, plural, name)
+            else:
+                self.custom.delete_namespaced_custom_object(c.GROUP, c.VERSION, namespace, plural, name)
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+
+    def update_cr_status(
+        self,
+        plural: str,
+        name: str,
+        namespace: str | None,
+        mutate: Callable[[dict[str, Any]], bool],
+    ) -> dict[str, Any] | None:
+        """Read, let `mutate` change `status` in place (it returns False for "nothing to do"), and write back
+        with the read resourceVersion; a conflict re-reads and re-runs `mutate`. None when the object is gone."""
+        for _ in range(CONFLICT_RETRIES):
+            obj = self.get_cr(plural, name, namespace)
+            if obj is None:
+                return None
+            obj.setdefault("status", {})
+            if not mutate(obj):
+                return obj
+            try:
+                if namespace is None:
+                    return dict(self.custom.replace_cluster_custom_object_status(c.GROUP, c.VERSION, plural, name, obj))
+                return dict(
+                    self.custom.replace_namespaced_custom_object_status(
+                        c.GROUP, c.VERSION, namespace, plural, name, obj
+                    )
+                )
+            except ApiException as exc:
+                if exc.status not in (409, 422) or (exc.status == 422 and "resourceVersion" not in str(exc.body)):
+                    raise
+            time.sleep(0.05)
+        raise kopf.TemporaryError(f"{plural}/{name}: status kept conflicting; retrying", delay=1)
+
+
+def require_ns(namespace: str | None) -> str:
+    if not namespace:
+        raise kopf.PermanentError("a namespaced object arrived without a namespace")
+    return namespace
+
+
+def get_or_none(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def ref_body(obj: Mapping[str, Any], api_version: str, kind: str) -> dict[str, Any]:
+    """Enough of an object for kopf to post an Event about it."""
+    meta = obj.get("metadata") or {}
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {k: meta[k] for k in ("name", "namespace", "uid") if k in meta},
+    }
+
+
+def event(obj: Mapping[str, Any], *, type_: str, reason: str, message: str) -> None:
+    """A Kubernetes Event on `obj` (a body with apiVersion/kind/metadata); never fails the caller."""
+    try:
+        kopf.event(cast(kopf.Body, dict(obj)), type=type_, reason=reason, message=message[:1024])
+    except Exception:  # an Event is best-effort by nature
+        log.exception("could not post event %s on %s", reason, (obj.get("metadata") or {}).get("name"))

@@ -1,0 +1,236 @@
+"""PodSnapshot -> PodSnapshotContent bound to the source pod's node; content status mirrored back;
+deletion cascades to the content (whose own finalizer removes the artifact)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import shutil
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+from kubernetes.client.exceptions import ApiException
+
+from podsnap import contract as c
+from podsnap.operator import conditions
+from podsnap.operator.conditions import Condition
+from podsnap.operator.kube import event, get_or_none, require_ns
+from podsnap.operator.runtime import OperatorContext, ctx_of, registry
+
+SNAPSHOTS = (c.GROUP, c.VERSION, c.PLURAL_POD_SNAPSHOTS)
+CONTENTS = (c.GROUP, c.VERSION, c.PLURAL_POD_SNAPSHOT_CONTENTS)
+SOURCE_FIELDS = ("node", "kernel", "arch", "glibc", "driver", "gpus")
+
+
+def snapshot_terminal(status: Mapping[str, Any] | None) -> bool:
+    conds = (status or {}).get("conditions")
+    return conditions.is_true(conds, c.COND_READY) or conditions.is_true(conds, c.COND_FAILED)
+
+
+def _not_terminal(status: Mapping[str, Any], **_: Any) -> bool:
+    return not snapshot_terminal(status)
+
+
+def artifact_path(namespace: str, name: str, uid: str) -> str:
+    """Relative to the artifact root; the uid keeps a re-created snapshot of the same name apart."""
+    return f"{namespace}/{name}-{uid}"
+
+
+def content_body(*, name: str, namespace: str, uid: str, pod: Mapping[str, Any], container: str) -> dict[str, Any]:
+    node = pod["spec"]["nodeName"]
+    return {
+        "apiVersion": c.API_VERSION,
+        "kind": c.KIND_POD_SNAPSHOT_CONTENT,
+        "metadata": {
+            "name": c.content_name(uid),
+            "labels": {c.LABEL_SNAPSHOT_NODE: node},
+            # present from the first write, so no agent can see the content without it
+            "finalizers": [c.FINALIZER_CONTENT_ARTIFACT],
+        },
+        "spec": {
+            "podSnapshotRef": {"namespace": namespace, "name": name, "uid": uid},
+            "source": {
+                "podRef": {
+                    "namespace": namespace,
+                    "name": pod["metadata"]["name"],
+                    "uid": pod["metadata"]["uid"],
+                    "containers": [container],
+                }
+            },
+            "nodeName": node,
+            "artifactPath": artifact_path(namespace, name, uid),
+            "deletionPolicy": c.DELETION_POLICY_DELETE,
+        },
+    }
+
+
+def _fail(ctx: OperatorContext, body: Mapping[str, Any], patch: kopf.Patch, reason: str, message: str) -> None:
+    patch.fns.append(
+        conditions.patch_fn(
+            Condition(c.COND_FAILED, True, reason, message), Condition(c.COND_READY, False, reason, message)
+        )
+    )
+    event(body, type_="Warning", reason=reason, message=message)
+    ctx.metrics.capture_failures.labels(c.KIND_POD_SNAPSHOT, reason).inc()
+    raise kopf.PermanentError(message)
+
+
+@kopf.on.create(*SNAPSHOTS, registry=registry)
+@kopf.on.resume(*SNAPSHOTS, registry=registry, when=_not_terminal)
+def podsnapshot_bind(
+    *,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    name: str,
+    namespace: str | None,
+    uid: str,
+    body: kopf.Body,
+    patch: kopf.Patch,
+    memo: Any,
+    **_: Any,
+) -> None:
+    ctx = ctx_of(memo)
+    namespace = require_ns(namespace)
+    if snapshot_terminal(status):
+        return
+    ref = (spec.get("source") or {}).get("podRef") or {}
+    containers = ref.get("containers") or ["main"]
+    if not ref.get("name") or len(containers) != 1:
+        _fail(ctx, body, patch, c.REASON_INVALID_SPEC, "spec.source.podRef needs a name and exactly one container")
+    pod_obj = get_or_none(ctx.kube.core.read_namespaced_pod, ref["name"], namespace)
+    if pod_obj is None:
+        _fail(ctx, body, patch, c.REASON_POD_NOT_FOUND, f"source pod {namespace}/{ref['name']} does not exist")
+    pod = ctx.kube.sanitize(pod_obj)
+    if ref.get("uid") and pod["metadata"]["uid"] != ref["uid"]:
+        _fail(
+            ctx,
+            body,
+            patch,
+            c.REASON_POD_UID_MISMATCH,
+            f"pod {ref['name']} has uid {pod['metadata']['uid']}, not {ref['uid']}: it was re-created; "
+            "snapshot the new pod with a new PodSnapshot",
+        )
+    names = [ct["name"] for ct in pod["spec"]["containers"]]
+    if containers[0] not in names:
+        _fail(ctx, body, patch, c.REASON_CONTAINER_NOT_FOUND, f"container {containers[0]!r} not in pod ({names})")
+    if not pod["spec"].get("nodeName"):
+        raise kopf.TemporaryError(f"source pod {ref['name']} is not scheduled yet", delay=2)
+    content, created = ctx.kube.create_cr(
+        c.PLURAL_POD_SNAPSHOT_CONTENTS,
+        content_body(name=name, namespace=namespace, uid=uid, pod=pod, container=containers[0]),
+    )
+    content_name = content["metadata"]["name"]
+    patch.status["boundSnapshotContentName"] = content_name
+    if conditions.find(status.get("conditions"), c.COND_READY) is None:
+        msg = f"bound to {content_name} on node {pod['spec']['nodeName']}; waiting for its agent"
+        patch.fns.append(conditions.patch_fn(Condition(c.COND_READY, False, c.REASON_PENDING, msg)))
+    if created:
+        event(body, type_="Normal", reason="Bound", message=f"created {content_name} on {pod['spec']['nodeName']}")
+
+
+def mirror(snapshot: dict[str, Any], content: Mapping[str, Any]) -> bool:
+    """Copy the content's outcome onto the snapshot (in place). Failed is sticky. Returns whether it changed."""
+    status = snapshot.setdefault("status", {})
+    if conditions.is_true(status.get("conditions"), c.COND_FAILED):
+        return False
+    before = copy.deepcopy(status)
+    cstatus = content.get("status") or {}
+    cconds = cstatus.get("conditions")
+    ready = conditions.find(cconds, c.COND_READY)
+    failed = conditions.find(cconds, c.COND_FAILED)
+    status["boundSnapshotContentName"] = content["metadata"]["name"]
+    if failed is not None and failed.get("status") == conditions.TRUE:
+        reason, msg = failed.get("reason") or c.REASON_CAPTURE_FAILED, failed.get("message", "")
+        updates = [Condition(c.COND_FAILED, True, reason, msg), Condition(c.COND_READY, False, reason, msg)]
+    elif ready is not None and ready.get("status") == conditions.TRUE:
+        updates = [Condition(c.COND_READY, True, ready.get("reason") or c.REASON_CAPTURE_COMPLETED, "captured")]
+        for key in ("artifact", "capturedAt"):
+            if key in cstatus:
+                status[key] = cstatus[key]
+        source = cstatus.get("source") or {}
+        status["source"] = {k: source[k] for k in SOURCE_FIELDS if k in source}
+    else:
+        detail = f" ({ready.get('reason')}: {ready.get('message', '')})" if ready else ""
+        updates = [Condition(c.COND_READY, False, c.REASON_PENDING, f"waiting for the node agent{detail}")]
+    status["conditions"] = conditions.merged(status.get("conditions"), updates)
+    return bool(status != before)
+
+
+@kopf.on.event(*CONTENTS, registry=registry)
+def content_changed(*, body: kopf.Body, type: str | None, memo: Any, logger: kopf.Logger, **_: Any) -> None:
+    ctx = ctx_of(memo)
+    if type == "DELETED":
+        return
+    meta = body.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        _collect_orphan(ctx, body, logger)
+        return
+    ref = (body.get("spec") or {}).get("podSnapshotRef") or {}
+    if not ref.get("name") or not ref.get("namespace"):
+        return
+    before: list[tuple[bool, bool]] = []
+
+    def apply(snapshot: dict[str, Any]) -> bool:
+        if ref.get("uid") and snapshot["metadata"]["uid"] != ref["uid"]:
+            return False  # the content of an older snapshot of the same name
+        conds = (snapshot.get("status") or {}).get("conditions")
+        before.append((conditions.is_true(conds, c.COND_READY), conditions.is_true(conds, c.COND_FAILED)))
+        return mirror(snapshot, body)
+
+    updated = ctx.kube.update_cr_status(c.PLURAL_POD_SNAPSHOTS, ref["name"], ref["namespace"], apply)
+    if updated is None or not before:
+        return
+    was_ready, was_failed = before[-1]
+    conds = (updated.get("status") or {}).get("conditions")
+    if conditions.is_true(conds, c.COND_READY) and not was_ready:
+        size = ((updated.get("status") or {}).get("artifact") or {}).get("sizeBytes") or 0
+        ctx.metrics.capture_bytes.inc(size)
+        event(updated, type_="Normal", reason=c.REASON_CAPTURE_COMPLETED, message=f"artifact ready ({size} bytes)")
+    elif conditions.is_true(conds, c.COND_FAILED) and not was_failed:
+        failed = conditions.find(conds, c.COND_FAILED) or {}
+        ctx.metrics.capture_failures.labels(c.KIND_POD_SNAPSHOT, str(failed.get("reason"))).inc()
+        event(updated, type_="Warning", reason=str(failed.get("reason")), message=str(failed.get("message")))
+
+
+def _collect_orphan(ctx: OperatorContext, body: Mapping[str, Any], logger: kopf.Logger) -> None:
+    """A content being deleted whose node is gone has no agent to run its finalizer: do it here."""
+    meta = body["metadata"]
+    if c.FINALIZER_CONTENT_ARTIFACT not in (meta.get("finalizers") or []):
+        return
+    node = (body.get("spec") or {}).get("nodeName")
+    if node and get_or_none(ctx.kube.core.read_node, node) is not None:
+        return  # that node's agent owns the cleanup
+    spec = body.get("spec") or {}
+    rel = spec.get("artifactPath")
+    if rel and spec.get("deletionPolicy", c.DELETION_POLICY_DELETE) == c.DELETION_POLICY_DELETE:
+        root = ctx.config.artifact_root.resolve()
+        target = (root / rel).resolve()
+        if root in target.parents and target.exists():
+            shutil.rmtree(target, ignore_errors=True)
+            logger.info("removed artifact %s of %s (node %s is gone)", target, meta["name"], node)
+    finalizers = [f for f in meta.get("finalizers") or [] if f != c.FINALIZER_CONTENT_ARTIFACT]
+    with contextlib.suppress(ApiException):
+        ctx.kube.custom.patch_cluster_custom_object(
+            c.GROUP,
+            c.VERSION,
+            c.PLURAL_POD_SNAPSHOT_CONTENTS,
+            meta["name"],
+            [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
+                {"op": "replace", "path": "/metadata/finalizers", "value": finalizers},
+            ],
+        )
+
+
+@kopf.on.delete(*SNAPSHOTS, registry=registry)
+def podsnapshot_delete(*, status: kopf.Status, uid: str, body: kopf.Body, memo: Any, **_: Any) -> None:
+    ctx = ctx_of(memo)
+    name = status.get("boundSnapshotContentName") or c.content_name(uid)
+    content = ctx.kube.get_cr(c.PLURAL_POD_SNAPSHOT_CONTENTS, name)
+    if content is None:
+        return
+    if not content["metadata"].get("deletionTimestamp"):
+        ctx.kube.delete_cr(c.PLURAL_POD_SNAPSHOT_CONTENTS, name)
+        event(body, type_="Normal", reason="ContentDeleting", message=f"deleting {name} and its artifact")
+    raise kopf.TemporaryError(f"waiting for {name} to release its artifact", delay=1)

@@ -1,0 +1,67 @@
+"""Shaping a new pod of a SnapshotPolicy for restore (pure; the webhook applies it).
+
+The target container keeps its image but runs an inert placeholder (`sleep infinity`) that the node agent
+restores the worker into, unless the container opts into standby (`SNAPSHOT_RESTORE_STANDBY=1`, e.g.
+`podsnap-run -- <command>`), whose entrypoint waits for `restore-complete` itself. The startup probe on
+`restore-complete` keeps the pod un-Ready until the agent has restored it.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from podsnap import contract as c
+from podsnap.operator.capture_job import with_control_dir, with_control_volume
+
+#: the startup probe allows this long for the agent to restore (periodSeconds 1 x failureThreshold)
+RESTORE_STARTUP_BUDGET_S = 900
+
+
+class NotShapeable(ValueError):
+    """The pod cannot be shaped for restore (the webhook then leaves it untouched: a cold start)."""
+
+
+def is_standby(container: Mapping[str, Any]) -> bool:
+    return any(
+        e.get("name") == c.ENV_RESTORE_STANDBY and c.is_truthy(e.get("value")) for e in container.get("env") or []
+    )
+
+
+def control_dir_of(container: Mapping[str, Any]) -> str:
+    for e in container.get("env") or []:
+        if e.get("name") in (c.ENV_CONTROL_DIR, c.ENV_CONTROL_DIR_DYNAMO) and e.get("value"):
+            return str(e["value"])
+    return c.CONTROL_DIR_DEFAULT
+
+
+def shape(pod: Mapping[str, Any], *, snapshot: str, container: str) -> dict[str, Any]:
+    """The restore-shaped copy of `pod` (metadata and spec); raises NotShapeable naming the problem."""
+    shaped = copy.deepcopy(dict(pod))
+    spec = shaped.setdefault("spec", {})
+    containers = spec.get("containers") or []
+    target = next((ct for ct in containers if ct.get("name") == container), None)
+    if target is None:
+        names = [ct.get("name") for ct in containers]
+        raise NotShapeable(f"container {container!r} not in the pod (containers: {names}); fix targetContainerName")
+    meta = shaped.setdefault("metadata", {})
+    meta["annotations"] = {
+        **(meta.get("annotations") or {}),
+        c.ANNOTATION_RESTORE_FROM: snapshot,
+        c.ANNOTATION_RESTORE_CONTAINER: container,
+    }
+    meta["labels"] = {**(meta.get("labels") or {}), c.LABEL_RESTORE: "true"}
+    spec["shareProcessNamespace"] = True
+    with_control_volume(spec)
+    with_control_dir(target)
+    if not is_standby(target):
+        target["command"] = list(c.PLACEHOLDER_COMMAND)
+        target.pop("args", None)
+    # a restored worker is alive from the first second; liveness starts counting only after the startup probe
+    target["startupProbe"] = {
+        "exec": {"command": ["sh", "-c", f'cat "${{{c.ENV_CONTROL_DIR}}}/{c.FILE_RESTORE_COMPLETE}"']},
+        "periodSeconds": 1,
+        "failureThreshold": RESTORE_STARTUP_BUDGET_S,
+    }
+    return shaped

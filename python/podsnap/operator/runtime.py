@@ -1,0 +1,37 @@
+"""The operator's kopf registry and the per-process context its handlers share through kopf's `memo`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from podsnap.operator.config import OperatorConfig
+from podsnap.operator.kube import Credentials, Kube
+from podsnap.operator.metrics import OperatorMetrics
+
+#: the operator's own registry, so the agent's handlers (another registry) can run in the same process
+registry = kopf.OperatorRegistry()
+
+
+@dataclass
+class OperatorContext:
+    config: OperatorConfig
+    credentials: Credentials
+    kube: Kube
+    metrics: OperatorMetrics
+    server_minor: int = 0
+
+    @property
+    def scheduling_gates(self) -> bool:
+        """Pod scheduling gates are GA from Kubernetes 1.30 (beta and on by default from 1.27)."""
+        mode = self.config.scheduling_gates
+        return mode == "on" or (mode == "auto" and self.server_minor >= 27)
+
+
+def ctx_of(memo: Any) -> OperatorContext:
+    ctx = memo.get("podsnap") if hasattr(memo, "get") else None
+    if not isinstance(ctx, OperatorContext):
+        raise kopf.PermanentError("operator context missing from memo: start through podsnap.operator.main")
+    return ctx

@@ -1,0 +1,65 @@
+"""The operator's one startup handler (settings) and its login handler (credentials from the context)."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+import kopf
+
+from podsnap import contract as c
+from podsnap.operator.config import OperatorConfig
+from podsnap.operator.runtime import ctx_of, registry
+
+#: kopf's own bookkeeping lives under this prefix, apart from the agent's (they share PodSnapshotContents)
+PROGRESS_PREFIX = f"operator.{c.GROUP}"
+
+
+def apply_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
+    settings.persistence.finalizer = c.FINALIZER_SNAPSHOT
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PROGRESS_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=PROGRESS_PREFIX, key="last-handled-configuration"
+    )
+    # one replica; leader election belongs to the Deployment (replicas: 1, Recreate), not to peering CRDs
+    settings.peering.standalone = True
+    # handlers post their own Events with reasons; kopf's log-to-Event mirror would only add noise
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    settings.networking.request_timeout = 30
+    if config.webhook_port:
+        cert, key = config.webhook_cert_dir / "tls.crt", config.webhook_cert_dir / "tls.key"
+        if cert.exists() and key.exists():
+            settings.admission.server = kopf.WebhookServer(
+                addr=config.webhook_host,
+                port=config.webhook_port,
+                path=config.webhook_prefix or None,
+                certfile=str(cert),
+                pkeyfile=str(key),
+            )
+        else:
+            logging.getLogger(__name__).warning(
+                "webhook disabled: no %s / %s (mount the chart's webhook TLS Secret there); new pods start cold",
+                cert,
+                key,
+            )
+    # the chart owns the MutatingWebhookConfiguration; kopf must not rewrite it
+    settings.admission.managed = None
+
+
+@kopf.on.startup(registry=registry)
+def startup(*, settings: kopf.OperatorSettings, memo: Any, logger: kopf.Logger, **_: Any) -> None:
+    ctx = ctx_of(memo)
+    apply_settings(settings, ctx.config)
+    try:
+        version = ctx.kube.client.call_api("/version", "GET", response_type="object", auth_settings=["BearerToken"])[0]
+        ctx.server_minor = int(re.sub(r"\D", "", str(version.get("minor", "0"))) or 0)
+    except Exception as exc:  # the version only picks a strategy; a wrong guess is the safe one (no gates)
+        logger.warning("could not read the server version (%s); holding replicas instead of scheduling gates", exc)
+    logger.info("podsnap operator started (server minor %s, gates %s)", ctx.server_minor, ctx.scheduling_gates)
+
+
+@kopf.on.login(registry=registry)
+def login(*, memo: Any, **_: Any) -> kopf.ConnectionInfo:
+    return ctx_of(memo).credentials.connection_info()
