@@ -1,0 +1,199 @@
+"""The user's flow, as building blocks: the demo worker, its Service and SnapshotPolicy, and the
+observations the tests make (restore conditions, the worker's identity, a chat completion).
+
+Names come from `podsnap.contract`, so a protocol rename is one edit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client as kclient
+
+from podsnap import contract
+from tests.e2e.support.config import E2EConfig
+from tests.e2e.support.k8s import Cluster, condition, pod_condition, pod_ready, wait_until
+
+CONTAINER = "main"
+
+
+# --- manifests -----------------------------------------------------------------------------------
+def demo_deployment(cfg: E2EConfig, name: str, replicas: int = 1, memory: str = "1Gi") -> dict[str, Any]:
+    """The demo worker (an OpenAI-compatible server instrumented with podsnap's SDK) as a Deployment."""
+    resources: dict[str, Any] = {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": memory}}
+    env = [{"name": "PODSNAP_DEMO_PORT", "value": str(cfg.demo_port)}]
+    if cfg.gpu:
+        resources["limits"]["nvidia.com/gpu"] = 1
+        env.append({"name": "PODSNAP_DEMO_DEVICE", "value": "cuda"})
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 2,
+                    "containers": [
+                        {
+                            "name": CONTAINER,
+                            "image": cfg.demo_image,
+                            "imagePullPolicy": "IfNotPresent",
+                            "command": ["podsnap-run", "--", "python", "-m", "podsnap.demo"],
+                            "args": ["--host", "0.0.0.0", "--port", str(cfg.demo_port)],
+                            "env": env,
+                            "ports": [{"name": "http", "containerPort": cfg.demo_port}],
+                            "readinessProbe": {
+                                "httpGet": {"path": "/health", "port": cfg.demo_port},
+                                "periodSeconds": 1,
+                                "failureThreshold": 600,
+                            },
+                            "resources": resources,
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def demo_service(cfg: E2EConfig, name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name},
+        "spec": {"selector": {"app": name}, "ports": [{"name": "http", "port": 80, "targetPort": cfg.demo_port}]},
+    }
+
+
+def snapshot_policy(
+    name: str, target: str, startup: str = contract.STARTUP_POLICY_WAIT, deletion: str = contract.DELETION_POLICY_DELETE
+) -> dict[str, Any]:
+    return {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.KIND_SNAPSHOT_POLICY,
+        "metadata": {"name": name},
+        "spec": {
+            "targetRef": {"kind": "Deployment", "name": target},
+            "startupPolicy": startup,
+            "deletionPolicy": deletion,
+            "targetContainerName": CONTAINER,
+        },
+    }
+
+
+# --- observations --------------------------------------------------------------------------------
+def serving_pods(cluster: Cluster, namespace: str, app: str) -> list[kclient.V1Pod]:
+    """The Deployment's pods (capture pods of a SnapshotJob carry the job label and are left out)."""
+    pods = cluster.core.list_namespaced_pod(namespace, label_selector=f"app={app},!{contract.LABEL_SNAPSHOT_JOB}").items
+    return [p for p in pods if p.metadata.deletion_timestamp is None]
+
+
+def capture_pods(cluster: Cluster, namespace: str) -> list[kclient.V1Pod]:
+    return list(cluster.core.list_namespaced_pod(namespace, label_selector=contract.LABEL_SNAPSHOT_JOB).items)
+
+
+def restored(pod: kclient.V1Pod) -> str | None:
+    """The pod's `podsnap.io/Restored` condition as "Status/Reason" (None when absent)."""
+    cond = pod_condition(pod, contract.POD_CONDITION_RESTORED)
+    return f"{cond.status}/{cond.reason}" if cond else None
+
+
+def restore_from(pod: kclient.V1Pod) -> str | None:
+    return (pod.metadata.annotations or {}).get(contract.ANNOTATION_RESTORE_FROM)
+
+
+def policy(cluster: Cluster, namespace: str, name: str) -> dict[str, Any] | None:
+    return cluster.get_custom(contract.PLURAL_SNAPSHOT_POLICIES, name, namespace)
+
+
+def wait_policy_ready(cluster: Cluster, namespace: str, name: str, timeout: float) -> dict[str, Any]:
+    def ready() -> dict[str, Any] | str | None:
+        obj = policy(cluster, namespace, name)
+        status = (obj or {}).get("status") or {}
+        if status.get("ready") is True and status.get("checkpointName"):
+            return status
+        failed = [c for c in status.get("conditions") or [] if c.get("status") == "True" and c.get("type") == "Failed"]
+        if failed:
+            raise AssertionError(f"SnapshotPolicy {name} failed: {failed}")
+        return str(status) if obj else None
+
+    result = wait_until(ready, timeout=timeout, what=f"SnapshotPolicy {namespace}/{name} status.ready=true")
+    assert isinstance(result, dict)
+    return result
+
+
+def worker_health(cluster: Cluster, namespace: str, pod: str, port: int) -> dict[str, Any]:
+    status, body = cluster.proxy(f"namespaces/{namespace}/pods/{pod}:{port}/proxy/health")
+    assert status == 200 and isinstance(body, dict), f"GET /health of pod {pod}: {status} {body}"
+    return body
+
+
+def init_id(body: dict[str, Any]) -> str:
+    """The demo worker's initialization id: minted once at init, so a restored process keeps its source's."""
+    for where in (body, body.get("podsnap") or {}):
+        if isinstance(where, dict) and isinstance(where.get("init_id"), str):
+            return str(where["init_id"])
+    raise AssertionError(f"the demo worker's answer carries no init id: {body}")
+
+
+def chat(cluster: Cluster, namespace: str, service: str, prompt: str = "hello") -> dict[str, Any]:
+    """A chat completion through the Service (the API server's service proxy picks a ready endpoint)."""
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 8}
+    status, answer = cluster.proxy(
+        f"namespaces/{namespace}/services/{service}:80/proxy/v1/chat/completions", method="POST", body=body, timeout=60
+    )
+    assert status == 200 and isinstance(answer, dict), (
+        f"POST /v1/chat/completions via Service {service}: {status} {answer}"
+    )
+    choices = answer.get("choices") or []
+    assert choices and (choices[0].get("message") or {}).get("content"), f"no completion in {answer}"
+    return answer
+
+
+def wait_serving(cluster: Cluster, namespace: str, app: str, count: int, timeout: float) -> list[kclient.V1Pod]:
+    def ready() -> list[kclient.V1Pod] | str:
+        pods = serving_pods(cluster, namespace, app)
+        good = [p for p in pods if pod_ready(p)]
+        return (
+            good
+            if len(good) >= count
+            else f"{len(good)}/{count} ready: {[(p.metadata.name, p.status.phase) for p in pods]}"
+        )
+
+    result = wait_until(ready, timeout=timeout, what=f"{count} ready pod(s) of {namespace}/{app}")
+    assert isinstance(result, list)
+    return result
+
+
+def condition_time(obj: dict[str, Any] | None, type_: str) -> str | None:
+    cond = condition(obj, type_)
+    return str(cond.get("lastTransitionTime")) if cond else None
+
+
+# --- timings ---------------------------------------------------------------------------------------
+@dataclass
+class Timings:
+    """Wall times of the flow's steps, written as JSON under out/ at the end of the session."""
+
+    values: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def measure(self, key: str) -> Iterator[None]:
+        t0 = time.monotonic()
+        yield
+        self.values[key] = round(time.monotonic() - t0, 3)
+
+
+def pod_start_seconds(pod: kclient.V1Pod, until_condition: str = "Ready") -> float | None:
+    """Seconds from the pod's creation to `until_condition` turning True (the API's own timestamps)."""
+    cond = pod_condition(pod, until_condition)
+    if cond is None or cond.status != "True" or cond.last_transition_time is None:
+        return None
+    return float((cond.last_transition_time - pod.metadata.creation_timestamp).total_seconds())

@@ -1,0 +1,135 @@
+"""Failures end visibly and safely: a corrupt artifact fails the restore (the pod never serves), a
+snapshot from an incompatible node is refused with RestoreIncompatible, and an agent killed in the
+middle of a capture leaves a failed job with a reason (or a retry that succeeds), never a lost worker."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from podsnap import contract
+from tests.e2e.support import artifacts
+from tests.e2e.support.capture import run_capture
+from tests.e2e.support.config import E2EConfig
+from tests.e2e.support.flow import (
+    demo_deployment,
+    demo_service,
+    policy,
+    restored,
+    serving_pods,
+    snapshot_policy,
+    wait_serving,
+)
+from tests.e2e.support.k8s import Cluster, condition, pod_ready, wait_until
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+APP = "worker"
+
+
+def _new_pod_after_scale(cluster: Cluster, cfg: E2EConfig, namespace: str, known: set[str], replicas: int) -> str:
+    cluster.apps.patch_namespaced_deployment_scale(APP, namespace, {"spec": {"replicas": replicas}})
+
+    def created() -> str | None:
+        fresh = [p.metadata.name for p in serving_pods(cluster, namespace, APP) if p.metadata.name not in known]
+        return fresh[0] if fresh else None
+
+    return str(wait_until(created, timeout=cfg.timeout_s, what=f"a new pod of {namespace}/{APP}"))
+
+
+def _restore_verdict(cluster: Cluster, cfg: E2EConfig, namespace: str, pod: str) -> str:
+    def terminal() -> str | None:
+        state = restored(cluster.core.read_namespaced_pod(pod, namespace))
+        return state if state and not state.endswith(contract.REASON_RESTORE_IN_PROGRESS) else None
+
+    return str(wait_until(terminal, timeout=cfg.timeout_s, what=f"a restore verdict on pod {pod}"))
+
+
+def _assert_not_serving(cluster: Cluster, namespace: str, pod: str) -> None:
+    obj = cluster.core.read_namespaced_pod(pod, namespace)
+    assert not pod_ready(obj), f"pod {pod} is Ready after a failed restore"
+    endpoints = cluster.core.read_namespaced_endpoints(APP, namespace)
+    ips = {a.ip for s in endpoints.subsets or [] for a in s.addresses or []}
+    assert obj.status.pod_ip is None or obj.status.pod_ip not in ips, f"Service {APP} routes to {pod}"
+
+
+def test_a_corrupt_artifact_fails_the_restore_and_the_pod_never_serves(
+    cluster: Cluster, podsnap: E2EConfig, namespace: str
+) -> None:
+    run = run_capture(cluster, podsnap, namespace, APP)
+    content = artifacts.content_of(cluster, run.snapshot)
+    artifacts.in_artifact(cluster, podsnap, content, artifacts.CORRUPT)
+    pod = _new_pod_after_scale(cluster, podsnap, namespace, {p.metadata.name for p in run.serving}, 2)
+    verdict = _restore_verdict(cluster, podsnap, namespace, pod)
+    assert verdict == f"False/{contract.REASON_RESTORE_FAILED}", verdict
+    cond = next(
+        c
+        for c in cluster.core.read_namespaced_pod(pod, namespace).status.conditions
+        if c.type == contract.POD_CONDITION_RESTORED
+    )
+    assert cond.message, "RestoreFailed carries no message saying why"
+    _assert_not_serving(cluster, namespace, pod)
+
+
+def test_a_snapshot_from_an_incompatible_node_is_refused_with_restore_incompatible(
+    cluster: Cluster, podsnap: E2EConfig, namespace: str
+) -> None:
+    run = run_capture(cluster, podsnap, namespace, APP)
+    content = artifacts.content_of(cluster, run.snapshot)
+    # this cluster may have one node: the snapshot is made to claim another kernel than the target's
+    artifacts.in_artifact(cluster, podsnap, content, artifacts.OTHER_KERNEL)
+    pod = _new_pod_after_scale(cluster, podsnap, namespace, {p.metadata.name for p in run.serving}, 2)
+    verdict = _restore_verdict(cluster, podsnap, namespace, pod)
+    assert verdict == f"False/{contract.REASON_RESTORE_INCOMPATIBLE}", verdict
+    cond = next(
+        c
+        for c in cluster.core.read_namespaced_pod(pod, namespace).status.conditions
+        if c.type == contract.POD_CONDITION_RESTORED
+    )
+    assert "kernel" in (cond.message or ""), f"RestoreIncompatible does not name the failed gate: {cond.message}"
+    _assert_not_serving(cluster, namespace, pod)
+
+
+def test_killing_the_agent_mid_capture_fails_the_job_with_a_reason_or_retries_and_the_worker_still_serves(
+    cluster: Cluster, podsnap: E2EConfig, namespace: str
+) -> None:
+    cluster.apply([snapshot_policy(APP, APP), demo_service(podsnap, APP), demo_deployment(podsnap, APP)], namespace)
+
+    def capturing() -> dict | None:
+        snaps = cluster.list_custom(contract.PLURAL_POD_SNAPSHOTS, namespace)
+        return snaps[0] if snaps and (snaps[0].get("status") or {}).get("boundSnapshotContentName") else None
+
+    snapshot = wait_until(
+        capturing, timeout=podsnap.timeout_s, what="a PodSnapshot bound to a content (capture started)"
+    )
+    content = artifacts.content_of(cluster, snapshot)
+    agent = artifacts.agent_pod(cluster, podsnap, content["spec"]["nodeName"])
+    cluster.kubectl(
+        "delete", "pod", "-n", podsnap.release_namespace, agent, "--grace-period=0", "--force", "--wait=false"
+    )
+    killed_at = time.monotonic()
+
+    def outcome() -> str | None:
+        pol = policy(cluster, namespace, APP) or {}
+        if (pol.get("status") or {}).get("ready") is True:
+            return "retried"
+        jobs = cluster.list_custom(contract.PLURAL_SNAPSHOT_JOBS, namespace)
+        failed = [condition(j, contract.COND_FAILED) for j in jobs]
+        return "failed" if any(f and f["status"] == "True" for f in failed) else None
+
+    result = wait_until(
+        outcome, timeout=podsnap.timeout_s, what="the capture to fail with a reason or succeed on retry"
+    )
+    if result == "failed":
+        for job in cluster.list_custom(contract.PLURAL_SNAPSHOT_JOBS, namespace):
+            failed = condition(job, contract.COND_FAILED)
+            if failed and failed["status"] == "True":
+                assert failed.get("reason") and failed.get("message"), f"failed SnapshotJob says not why: {failed}"
+    # either way the workload is not lost: it serves (restored after a retry, or released to start cold)
+    wait_serving(cluster, namespace, APP, 1, podsnap.timeout_s)
+    # and the agent comes back for everything after this test
+    cluster.kubectl(
+        "rollout", "status", f"daemonset/{podsnap.agent_daemonset}", "-n", podsnap.release_namespace,
+        f"--timeout={int(podsnap.timeout_s)}s", timeout=podsnap.timeout_s + 30,
+    )  # fmt: skip
+    assert time.monotonic() - killed_at < 3 * podsnap.timeout_s
