@@ -8,6 +8,9 @@ Layout::
       <anything else>      listed in manifest.files (e.g. a rootfs diff, weight shards added later)
 
 A reader trusts only files listed in the manifest and checks each one's size and sha256 before use.
+Files larger than CHUNK_BYTES (64 MiB; CRIU's pages image holds all of a worker's memory) are hashed
+in chunks in parallel: their `sha256` is the sha256 of the concatenated raw chunk digests, which the
+manifest lists in `chunks`, so hashing runs at disk speed instead of one core's.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from podsnap.engine.errors import ArtifactError
-from podsnap.engine.manifest import CRIU_DIR, MANIFEST_NAME, FileEntry, Manifest
+from podsnap.engine.manifest import CHUNK_BYTES, CRIU_DIR, MANIFEST_NAME, FileEntry, Manifest
 
 _CHUNK = 4 << 20
 #: files CRIU may write into the images dir during a restore, never part of the captured state
@@ -44,31 +47,66 @@ def _walk(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def _hash_all(root: Path, rels: list[str], workers: int, progress: ByteProgress | None) -> dict[str, str]:
+def _chunk_sha256(path: Path, offset: int, length: int) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        f.seek(offset)
+        while length > 0 and (buf := f.read(min(_CHUNK, length))):
+            h.update(buf)
+            length -= len(buf)
+    return h.hexdigest()
+
+
+def chunked_root(chunks: list[str]) -> str:
+    """The `sha256` of a file larger than CHUNK_BYTES: sha256 over its chunks' raw digests, in order."""
+    return hashlib.sha256(b"".join(bytes.fromhex(c) for c in chunks)).hexdigest()
+
+
+def default_workers() -> int:
+    return max(1, min(16, os.cpu_count() or 1))
+
+
+def _digests(
+    root: Path, rels: list[str], workers: int, progress: ByteProgress | None
+) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """rel -> (sha256, chunk digests). Large files are hashed in CHUNK_BYTES pieces, in parallel."""
     sizes = {r: (root / r).stat().st_size for r in rels}
+    tasks: list[tuple[str, int, int]] = []
+    for rel in sorted(rels, key=lambda r: -sizes[r]):
+        size = sizes[rel]
+        if size <= CHUNK_BYTES:
+            tasks.append((rel, 0, size))
+        else:
+            tasks.extend((rel, off, min(CHUNK_BYTES, size - off)) for off in range(0, size, CHUNK_BYTES))
     total = sum(sizes.values())
     done = 0
-
-    def one(rel: str) -> tuple[str, str]:
-        return rel, sha256_file(root / rel)
-
-    out: dict[str, str] = {}
+    per_file: dict[str, list[str]] = {r: [] for r in rels}
     # hashlib releases the GIL on large buffers, so threads hash in parallel
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        for rel, digest in pool.map(one, sorted(rels, key=lambda r: -sizes[r])):
-            out[rel] = digest
-            done += sizes[rel]
+        for (rel, _, length), digest in zip(
+            tasks, pool.map(lambda t: _chunk_sha256(root / t[0], t[1], t[2]), tasks), strict=True
+        ):
+            per_file[rel].append(digest)
+            done += length
             if progress is not None:
                 progress(done, total)
+    out: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for rel, chunks in per_file.items():
+        out[rel] = (chunks[0], ()) if sizes[rel] <= CHUNK_BYTES else (chunked_root(chunks), tuple(chunks))
     return out
 
 
-def describe_files(root: Path, *, workers: int = 4, progress: ByteProgress | None = None) -> tuple[FileEntry, ...]:
+def describe_files(
+    root: Path, *, workers: int | None = None, progress: ByteProgress | None = None
+) -> tuple[FileEntry, ...]:
     """Every regular file under `root` except the manifest, with its size and sha256."""
     rels = [p.relative_to(root).as_posix() for p in _walk(root)]
     rels = [r for r in rels if r != MANIFEST_NAME]
-    digests = _hash_all(root, rels, workers, progress)
-    return tuple(FileEntry(path=r, size=(root / r).stat().st_size, sha256=digests[r]) for r in sorted(rels))
+    digests = _digests(root, rels, workers or default_workers(), progress)
+    return tuple(
+        FileEntry(path=r, size=(root / r).stat().st_size, sha256=digests[r][0], chunks=digests[r][1])
+        for r in sorted(rels)
+    )
 
 
 def _fsync_path(path: Path, *, directory: bool = False) -> None:
@@ -135,7 +173,7 @@ def verify(
     artifact: Path,
     manifest: Manifest,
     *,
-    workers: int = 4,
+    workers: int | None = None,
     progress: ByteProgress | None = None,
     allow_unlisted: Iterable[str] = (),
 ) -> int:
@@ -159,11 +197,16 @@ def verify(
         rel = p.relative_to(artifact).as_posix()
         if rel not in listed and rel not in allowed:
             raise ArtifactError(f"{p}: not listed in the manifest (tampered artifact?)", path=str(p))
-    digests = _hash_all(artifact, list(listed), workers, progress)
+    digests = _digests(artifact, list(listed), workers or default_workers(), progress)
     for rel, entry in listed.items():
-        if digests[rel] != entry.sha256:
+        got, chunks = digests[rel]
+        if got != entry.sha256:
+            where = ""
+            bad = [i for i, (a, b) in enumerate(zip(chunks, entry.chunks, strict=False)) if a != b]
+            if bad:
+                where = f" (first bad chunk at byte {bad[0] * CHUNK_BYTES})"
             raise ArtifactError(
-                f"{artifact / rel}: sha256 {digests[rel][:16]}… differs from the manifest's {entry.sha256[:16]}… "
+                f"{artifact / rel}: sha256 {got[:16]}… differs from the manifest's {entry.sha256[:16]}…{where} "
                 "(tampered or corrupted)",
                 path=str(artifact / rel),
             )

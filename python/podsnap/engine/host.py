@@ -48,6 +48,7 @@ class HostFacts:
             "kernel": self.kernel,
             "glibc": self.glibc,
             "memTotalBytes": self.mem_total_bytes,
+            "memAvailableBytes": self.mem_available_bytes,
             "driverVersion": self.driver_version,
             "gpus": [g.to_dict() for g in self.gpus],
         }

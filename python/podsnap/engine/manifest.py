@@ -19,20 +19,30 @@ from podsnap.engine.proctree import ProcInfo
 SCHEMA: str = "podsnap.io/artifact"
 SCHEMA_VERSION: int = 1
 MANIFEST_NAME: str = "manifest.json"
+#: files above this size are digested in chunks of this size (see artifact.py)
+CHUNK_BYTES: int = 64 << 20
 #: CRIU's images live under this directory of the artifact
 CRIU_DIR: str = "criu"
 
 
 @dataclass(frozen=True)
 class FileEntry:
-    """One file of the artifact: path relative to the artifact root, size in bytes, hex sha256."""
+    """One file of the artifact: path relative to the artifact root, size in bytes, hex sha256.
+
+    For files larger than `chunkBytes`, `chunks` lists each chunk's sha256 and `sha256` is the sha256
+    of their concatenated raw digests.
+    """
 
     path: str
     size: int
     sha256: str
+    chunks: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "size": self.size, "sha256": self.sha256}
+        out: dict[str, Any] = {"path": self.path, "size": self.size, "sha256": self.sha256}
+        if self.chunks:
+            out["chunks"] = list(self.chunks)
+        return out
 
 
 @dataclass(frozen=True)
@@ -82,6 +92,7 @@ class Manifest:
                 "cudaGpuUuids": list(self.cuda_gpu_uuids),
             },
             "criu": {"version": self.criu_version, "options": list(self.criu_options), "imagesDir": CRIU_DIR},
+            "chunkBytes": CHUNK_BYTES,
             "files": [f.to_dict() for f in self.files],
             "totals": {"files": len(self.files), "bytes": self.total_bytes, "memoryBytes": self.memory_bytes},
             "timingsMs": dict(self.timings_ms),
@@ -106,6 +117,12 @@ class Manifest:
                 "upgrade podsnap",
                 path=where,
             )
+        chunk_bytes = data.get("chunkBytes", CHUNK_BYTES)
+        if chunk_bytes != CHUNK_BYTES:
+            raise ArtifactError(
+                f"{where}: chunkBytes {chunk_bytes!r} differs from this podsnap's {CHUNK_BYTES}; upgrade podsnap",
+                path=where,
+            )
         try:
             proc = data.get("process") or {}
             tree = [ProcInfo.from_dict(p) for p in proc.get("tree") or []]
@@ -116,7 +133,8 @@ class Manifest:
                 path = str(f["path"])
                 if path.startswith("/") or ".." in path.split("/"):
                     raise ArtifactError(f"{where}: files[{i}].path {path!r} escapes the artifact", path=where)
-                files.append(FileEntry(path=path, size=int(f["size"]), sha256=str(f["sha256"])))
+                chunks = tuple(str(c) for c in f.get("chunks") or ())
+                files.append(FileEntry(path=path, size=int(f["size"]), sha256=str(f["sha256"]), chunks=chunks))
             criu = data.get("criu") or {}
             return cls(
                 source=HostFacts.from_dict(data.get("source") or {}),

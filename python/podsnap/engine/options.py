@@ -45,7 +45,8 @@ class CaptureOptions:
     extra: Mapping[str, Any] = field(default_factory=dict)
     #: CRIU binary to use (default: PODSNAP_CRIU, .tools/bin/criu, PATH)
     criu_binary: Path | None = None
-    hash_workers: int = 4
+    #: threads hashing the artifact (None: one per core, at most 16)
+    hash_workers: int | None = None
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,8 @@ class RestoreOptions:
     #: where CRIU's config, log and pidfile go (default: a fresh temp dir, removed on success)
     work_dir: Path | None = None
     criu_binary: Path | None = None
-    hash_workers: int = 4
+    #: threads hashing the artifact (None: one per core, at most 16)
+    hash_workers: int | None = None
 
 
 @dataclass(frozen=True)

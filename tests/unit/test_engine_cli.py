@@ -1,0 +1,52 @@
+"""The `podsnap` command's parsing and its refusals (no CRIU run)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from podsnap.cli import build_parser, main
+from podsnap.cli.doctor import all_checks, check_io_uring, check_thp
+
+
+def test_commands_parse() -> None:
+    p = build_parser()
+    a = p.parse_args(["capture", "--pid", "5", "--out", "/x", "--namespace-pid", "9", "--tcp", "close"])
+    assert (a.pid, a.out, a.namespace_pid, a.tcp) == (5, "/x", 9, "close")
+    r = p.parse_args(["restore", "/x", "--skip-compat-check"])
+    assert r.skip_compat_check and r.artifact == "/x"
+    d = p.parse_args(["demo", "--device", "cuda", "--weights-gib", "8"])
+    assert (d.device, d.weights_gib, d.json) == ("cuda", 8.0, "out/demo.json")
+
+
+def test_restore_of_a_missing_artifact_fails_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["restore", str(tmp_path / "nope")]) == 1
+    assert "no such artifact directory" in capsys.readouterr().err
+
+
+def test_capture_of_a_missing_pid_fails_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["capture", "--pid", "999999999", "--out", str(tmp_path / "a")]) == 1
+    err = capsys.readouterr().err
+    assert "999999999" in err
+    assert not (tmp_path / "a").exists()
+
+
+def test_doctor_lines_have_a_status_and_a_fix_when_not_ok(tmp_path: Path) -> None:
+    checks = all_checks()
+    names = {c.name for c in checks}
+    assert {"kernel", "criu", "CAP_SYS_ADMIN", "transparent hugepages", "io_uring"} <= names
+    for c in checks:
+        assert c.status in ("OK", "WARN", "FAIL")
+        if c.status == "FAIL":
+            assert c.fix, c
+    assert check_thp().status in ("OK", "WARN") and check_io_uring().status in ("OK", "WARN")
+    rc = main(["doctor", "--json", str(tmp_path / "d.json")])
+    data = json.loads((tmp_path / "d.json").read_text())
+    assert rc == (1 if any(c["status"] == "FAIL" for c in data) else 0)
+
+
+def test_run_delegates_to_podsnap_run() -> None:
+    # podsnap-run with no command is a usage error: the delegation passes its exit status through
+    assert main(["run"]) != 0

@@ -1,0 +1,77 @@
+"""Manifest round trip, versioning and validation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from podsnap.engine import SCHEMA_VERSION, ArtifactError, FileEntry, GpuInfo, HostFacts, Manifest, ProcInfo
+
+
+def _manifest() -> Manifest:
+    return Manifest(
+        source=HostFacts(
+            "node-a",
+            "x86_64",
+            "6.1.0-18",
+            "glibc 2.36",
+            1 << 40,
+            1 << 39,
+            "580.159.04",
+            (GpuInfo(0, "GPU-aaaa", "NVIDIA H200", 141 << 30),),
+        ),
+        processes=(
+            ProcInfo(100, 7, 1, "python", ("python", "-m", "w")),
+            ProcInfo(101, 8, 100, "python", ("python", "child")),
+        ),
+        cuda_pids=(100,),
+        cuda_gpu_uuids=("GPU-aaaa",),
+        files=(FileEntry("criu/pages-1.img", 10, "ab" * 32), FileEntry("criu/core-7.img", 3, "cd" * 32)),
+        namespaced=True,
+        criu_version="4.2.1",
+        criu_options=("shell-job",),
+        timings_ms={"criu_dump": 12.5},
+        extra={"weights": {"shards": [{"path": "w/0.bin"}]}},
+        created_at="2026-11-30T13:00:00+00:00",
+    )
+
+
+def test_round_trip_keeps_every_field() -> None:
+    m = _manifest()
+    again = Manifest.from_json(m.to_json())
+    assert again == m
+    data = json.loads(m.to_json())
+    assert data["schema"] == "podsnap.io/artifact" and data["schemaVersion"] == SCHEMA_VERSION
+    assert data["totals"] == {"files": 2, "bytes": 13, "memoryBytes": 10}
+    assert again.root.ns_pid == 7
+
+
+def test_unknown_keys_are_ignored() -> None:
+    data = json.loads(_manifest().to_json())
+    data["future"] = {"x": 1}
+    data["process"]["newField"] = True
+    assert Manifest.from_dict(data) == _manifest()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"schemaVersion": SCHEMA_VERSION + 1}, "newer than this podsnap understands"),
+        ({"schemaVersion": "1"}, "'schemaVersion' must be a positive integer"),
+        ({"schema": "other"}, "'schema' must be"),
+        ({"process": {"tree": []}}, "'process.tree' is empty"),
+        ({"files": [{"path": "x"}]}, "malformed manifest"),
+        ({"chunkBytes": 1}, "chunkBytes"),
+    ],
+)
+def test_bad_manifests_are_refused_naming_the_field(change: dict[str, object], message: str) -> None:
+    data = json.loads(_manifest().to_json())
+    data.update(change)
+    with pytest.raises(ArtifactError, match=message):
+        Manifest.from_dict(data, where="/a/manifest.json")
+
+
+def test_not_json_is_refused() -> None:
+    with pytest.raises(ArtifactError, match="not valid JSON"):
+        Manifest.from_json("{", where="m.json")
