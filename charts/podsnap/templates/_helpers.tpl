@@ -1,7 +1,228 @@
+{{/*
+podsnap.init fills keys missing from .Values with the chart's defaults (templates/_defaults.tpl,
+generated from values.yaml). `helm upgrade --reuse-values` renders a new chart with the previous
+release's values in place of the chart's values.yaml, so a key added in a later chart version would
+be missing; every template includes this first, and then reads .Values as usual. Keys the user set
+(false, "" and 0 included) are never replaced. Idempotent.
+*/}}
+{{- define "podsnap.init" -}}
+{{- include "podsnap.fill" (dict "dst" .Values "src" (include "podsnap.defaults" . | fromYaml)) -}}
+{{- end }}
+
+{{- define "podsnap.fill" -}}
+{{- $dst := .dst -}}
+{{- range $key, $default := .src -}}
+{{- if not (hasKey $dst $key) -}}
+{{- $_ := set $dst $key (deepCopy $default) -}}
+{{- else if and (kindIs "map" $default) (kindIs "map" (get $dst $key)) -}}
+{{- include "podsnap.fill" (dict "dst" (get $dst $key) "src" $default) -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
+
+{{/* The chart name, cut to 63 characters. */}}
+{{- define "podsnap.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The base name of every object, cut to 45 characters so that the longest suffix the chart appends
+("-operator-metrics", 17 characters) still fits in 63.
+*/}}
+{{- define "podsnap.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 45 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 45 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 45 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "podsnap.operator.fullname" -}}
+{{- printf "%s-operator" (include "podsnap.fullname" .) }}
+{{- end }}
+
+{{- define "podsnap.agent.fullname" -}}
+{{- printf "%s-agent" (include "podsnap.fullname" .) }}
+{{- end }}
+
+{{- define "podsnap.webhook.fullname" -}}
+{{- printf "%s-webhook" (include "podsnap.fullname" .) }}
+{{- end }}
+
+{{- define "podsnap.webhook.secretName" -}}
+{{- printf "%s-webhook-tls" (include "podsnap.fullname" .) }}
+{{- end }}
+
+{{- define "podsnap.seccomp.fullname" -}}
+{{- printf "%s-seccomp" (include "podsnap.fullname" .) }}
+{{- end }}
+
+{{- define "podsnap.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+podsnap.selectorLabels: only labels that never change for the life of a release, since a
+Deployment's or DaemonSet's selector is immutable. Takes (dict "ctx" $ "component" "operator").
+*/}}
+{{- define "podsnap.selectorLabels" -}}
+{{- if not (and .ctx .component) }}
+{{- fail "podsnap.selectorLabels needs (dict \"ctx\" $ \"component\" NAME)" }}
+{{- end -}}
+app.kubernetes.io/name: {{ include "podsnap.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* podsnap.labels: selector labels plus version labels and commonLabels; metadata only. */}}
+{{- define "podsnap.labels" -}}
+{{ include "podsnap.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: podsnap
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+helm.sh/chart: {{ include "podsnap.chart" .ctx }}
+{{- with .ctx.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
 {{- define "podsnap.crdLabels" -}}
-app.kubernetes.io/name: podsnap
-app.kubernetes.io/instance: {{ .Release.Name }}
-app.kubernetes.io/component: crds
-app.kubernetes.io/managed-by: {{ .Release.Service }}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "podsnap.labels" (dict "ctx" . "component" "crds") }}
+{{- end }}
+
+{{/*
+podsnap.image: registry/repository[:tag|@digest] of a component. Takes
+(dict "ctx" $ "image" .Values.<component>.image).
+*/}}
+{{- define "podsnap.image" -}}
+{{- $image := .image | default dict }}
+{{- if not $image.repository }}
+{{- fail "image.repository of a component is empty: set operator.image.repository / agent.image.repository" }}
+{{- end }}
+{{- $registry := .ctx.Values.image.registry | default "" }}
+{{- $ref := ternary (printf "%s/%s" $registry $image.repository) $image.repository (ne $registry "") }}
+{{- if $image.digest }}
+{{- printf "%s@%s" $ref $image.digest }}
+{{- else }}
+{{- printf "%s:%s" $ref (toString (default (default .ctx.Chart.AppVersion .ctx.Values.image.tag) $image.tag)) }}
+{{- end }}
+{{- end }}
+
+{{- define "podsnap.imagePullPolicy" -}}
+{{- default .ctx.Values.image.pullPolicy .image.pullPolicy }}
+{{- end }}
+
+{{- define "podsnap.operator.serviceAccountName" -}}
+{{- if .Values.operator.serviceAccount.create }}
+{{- default (include "podsnap.operator.fullname" .) .Values.operator.serviceAccount.name }}
+{{- else }}
+{{- required "operator.serviceAccount.name is required when operator.serviceAccount.create is false" .Values.operator.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "podsnap.agent.serviceAccountName" -}}
+{{- if .Values.agent.serviceAccount.create }}
+{{- default (include "podsnap.agent.fullname" .) .Values.agent.serviceAccount.name }}
+{{- else }}
+{{- required "agent.serviceAccount.name is required when agent.serviceAccount.create is false" .Values.agent.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The artifact claim the agent mounts: the existing claim, or the one the chart creates. */}}
+{{- define "podsnap.artifactClaimName" -}}
+{{- $pvc := .Values.storage.pvc }}
+{{- if $pvc.existingClaim }}
+{{- $pvc.existingClaim }}
+{{- else }}
+{{- default (printf "%s-artifacts" (include "podsnap.fullname" .)) $pvc.name }}
+{{- end }}
+{{- end }}
+
+{{- define "podsnap.runtime.socketPath" -}}
+{{- if .Values.runtime.socketPath }}
+{{- .Values.runtime.socketPath }}
+{{- else if eq .Values.runtime.type "cri-o" }}
+{{- "/var/run/crio/crio.sock" }}
+{{- else }}
+{{- "/run/containerd/containerd.sock" }}
+{{- end }}
+{{- end }}
+
+{{- define "podsnap.runtime.rootDir" -}}
+{{- if .Values.runtime.rootDir }}
+{{- .Values.runtime.rootDir }}
+{{- else if eq .Values.runtime.type "cri-o" }}
+{{- "/var/lib/containers/storage" }}
+{{- else }}
+{{- "/var/lib/containerd" }}
+{{- end }}
+{{- end }}
+
+{{/*
+podsnap.validate fails on values that contradict each other (the schema checks each value alone).
+*/}}
+{{- define "podsnap.validate" -}}
+{{- $pvc := .Values.storage.pvc }}
+{{- if and $pvc.create $pvc.existingClaim }}
+{{- fail "storage.pvc.existingClaim is set, so the chart must not create a claim: also set storage.pvc.create=false" }}
+{{- end }}
+{{- if not (or $pvc.create $pvc.existingClaim) }}
+{{- fail "storage.pvc.create is false but storage.pvc.existingClaim is empty: the agent needs an artifact claim; set one of them" }}
+{{- end }}
+{{- if and $pvc.existingClaim $pvc.name }}
+{{- fail "storage.pvc.name names a claim the chart would create, but storage.pvc.existingClaim is set: unset storage.pvc.name" }}
+{{- end }}
+{{- if and .Values.metrics.serviceMonitor.enabled (not .Values.metrics.enabled) }}
+{{- fail "metrics.serviceMonitor.enabled needs metrics.enabled=true (the ServiceMonitor scrapes the metrics Services)" }}
+{{- end }}
+{{- if and .Values.webhook.certManager.enabled (not .Values.webhook.enabled) }}
+{{- fail "webhook.certManager.enabled needs webhook.enabled=true: there is no webhook to issue a certificate for" }}
+{{- end }}
+{{- if ne (int .Values.operator.replicas) 1 }}
+{{- fail "operator.replicas must be 1: the operator runs kopf standalone, without peering" }}
+{{- end }}
+{{- if eq (int .Values.webhook.port) (int .Values.metrics.port) }}
+{{- fail "webhook.port and metrics.port are the same port of the operator container: change one" }}
+{{- end }}
+{{- if eq (int .Values.operator.healthPort) (int .Values.metrics.port) }}
+{{- fail "operator.healthPort and metrics.port are the same port: change one" }}
+{{- end }}
+{{- if eq (int .Values.agent.healthPort) (int .Values.metrics.port) }}
+{{- fail "agent.healthPort and metrics.port are the same port: change one" }}
+{{- end }}
+{{- end }}
+
+{{/*
+podsnap.webhook.tls: the self-signed CA and serving certificate of the webhook, as a dict of
+base64 Secret data (ca.crt, tls.crt, tls.key), in YAML. Made ONCE: an existing Secret of the
+release (found with `lookup`) is reused, so upgrades, `--reuse-values` included, keep the
+certificate. Within one render the result is cached in .Values so the Secret and the webhook
+configuration's caBundle agree. `helm template` cannot look up, so it makes a new pair each time.
+*/}}
+{{- define "podsnap.webhook.tls" -}}
+{{- if not (hasKey .Values "__podsnapWebhookTLS") }}
+{{- $secretName := include "podsnap.webhook.secretName" . }}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace $secretName }}
+{{- $data := dict }}
+{{- if and $existing $existing.data }}
+{{- if and (index $existing.data "ca.crt") (index $existing.data "tls.crt") (index $existing.data "tls.key") }}
+{{- $data = pick $existing.data "ca.crt" "tls.crt" "tls.key" }}
+{{- end }}
+{{- end }}
+{{- if not $data }}
+{{- $svc := include "podsnap.webhook.fullname" . }}
+{{- $ns := .Release.Namespace }}
+{{- $altNames := list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns) }}
+{{- $ca := genCA (printf "%s-ca" $svc) 3650 }}
+{{- $cert := genSignedCert (printf "%s.%s.svc" $svc $ns) nil $altNames 3650 $ca }}
+{{- $data = dict "ca.crt" ($ca.Cert | b64enc) "tls.crt" ($cert.Cert | b64enc) "tls.key" ($cert.Key | b64enc) }}
+{{- end }}
+{{- $_ := set .Values "__podsnapWebhookTLS" $data }}
+{{- end }}
+{{- toYaml (get .Values "__podsnapWebhookTLS") }}
 {{- end }}
