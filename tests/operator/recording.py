@@ -1,0 +1,79 @@
+"""RecordingExecutor: the agent's executor stand-in for tests that cannot run CRIU (no kubelet, no
+containers here). It records every call with a monotonic timestamp, writes a small real artifact
+directory (so cleanup is observable on disk), and fails on request. Real captures are tested by the
+engine suite (tests/engine) and on the GPU machine."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from podsnap.agent.executor import (
+    CaptureRequest,
+    CaptureResult,
+    ExecutionError,
+    RestoreRequest,
+    RestoreResult,
+)
+
+SOURCE = {"kernel": "6.1.0-test", "arch": "x86_64", "glibc": "2.36", "driver": "580.159.04", "gpus": []}
+
+
+@dataclass
+class Call:
+    op: str
+    at: float
+    request: Any
+
+
+@dataclass
+class RecordingExecutor:
+    calls: list[Call] = field(default_factory=list)
+    #: pod name -> exception the next capture/restore of that pod raises
+    fail_capture: dict[str, ExecutionError] = field(default_factory=dict)
+    fail_restore: dict[str, ExecutionError] = field(default_factory=dict)
+    capture_delay_s: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _record(self, op: str, request: Any) -> None:
+        with self.lock:
+            self.calls.append(Call(op, time.monotonic(), request))
+
+    def of(self, op: str, pod: str | None = None) -> list[Call]:
+        with self.lock:
+            return [
+                c
+                for c in self.calls
+                if c.op == op and (pod is None or (getattr(c.request, "pod", None) and c.request.pod.name == pod))
+            ]
+
+    def capture(self, request: CaptureRequest) -> CaptureResult:
+        self._record("capture", request)
+        if self.capture_delay_s:
+            time.sleep(self.capture_delay_s)
+        if request.pod.name in self.fail_capture:
+            raise self.fail_capture[request.pod.name]
+        request.artifact_dir.mkdir(parents=True, exist_ok=False)
+        manifest = json.dumps({"pod": request.pod.name, "pids": list(request.pids)}).encode()
+        (request.artifact_dir / "manifest.json").write_bytes(manifest)
+        return CaptureResult(
+            size_bytes=len(manifest), digest="sha256:" + hashlib.sha256(manifest).hexdigest(), source=dict(SOURCE)
+        )
+
+    def restore(self, request: RestoreRequest) -> RestoreResult:
+        self._record("restore", request)
+        if request.pod.name in self.fail_restore:
+            raise self.fail_restore[request.pod.name]
+        if not (request.artifact_dir / "manifest.json").exists():
+            raise ExecutionError(f"no artifact at {request.artifact_dir}")
+        return RestoreResult(pids=request.placeholder_pids)
+
+    def remove(self, artifact_dir: Path) -> None:
+        self._record("remove", artifact_dir)
+        shutil.rmtree(artifact_dir)
