@@ -51,8 +51,17 @@ def find_owner(kube: Kube, pod: Mapping[str, Any], namespace: str) -> Owner | No
     return Owner("Deployment", dep["name"], rs_body["spec"]["template"])
 
 
-def restore_plan(ctx: OperatorContext, pod: Mapping[str, Any], namespace: str) -> tuple[str, str] | None:
-    """(PodSnapshot name, container) when this pod should restore; None for a cold start."""
+@dataclass(frozen=True)
+class Plan:
+    """`restore` from `snapshot` into `container`, or `wait` (WaitForCheckpoint, checkpoint not Ready)."""
+
+    action: str
+    snapshot: str = ""
+    container: str = ""
+
+
+def restore_plan(ctx: OperatorContext, pod: Mapping[str, Any], namespace: str) -> Plan | None:
+    """What to do with a new pod; None leaves it untouched (a cold start)."""
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     if c.ANNOTATION_RESTORE_FROM in annotations:
         return None  # shaped already, or a hand-made restore pod: leave it as its author wrote it
@@ -64,16 +73,27 @@ def restore_plan(ctx: OperatorContext, pod: Mapping[str, Any], namespace: str) -
         ref = (policy.get("spec") or {}).get("targetRef") or {}
         if ref.get("kind") != owner.kind or ref.get("name") != owner.name:
             continue
-        status = policy.get("status") or {}
-        if not status.get("ready") or not status.get("checkpointName"):
-            ctx.metrics.pods_cold.labels("CheckpointNotReady").inc()
-            return None
-        if status.get("templateHash") != template_hash(owner.template):
-            ctx.metrics.pods_cold.labels("TemplateChanged").inc()
-            return None
-        container = (policy.get("spec") or {}).get("targetContainerName") or "main"
-        return status["checkpointName"], container
+        status, spec = policy.get("status") or {}, policy.get("spec") or {}
+        current = status.get("templateHash") == template_hash(owner.template)
+        if status.get("ready") and status.get("checkpointName") and current:
+            return Plan("restore", status["checkpointName"], spec.get("targetContainerName") or "main")
+        if spec.get("startupPolicy") == c.STARTUP_POLICY_WAIT:
+            return Plan("wait")
+        ctx.metrics.pods_cold.labels("TemplateChanged" if status.get("ready") else "CheckpointNotReady").inc()
+        return None
     return None
+
+
+def hold(ctx: OperatorContext, pod: Mapping[str, Any], patch: kopf.Patch) -> None:
+    """WaitForCheckpoint: this pod must not start before the checkpoint is Ready. With scheduling gates the
+    gate holds it; without (Kubernetes < 1.27) a node selector no node matches does. Either way the
+    operator's replica hold then scales it away, and pods made after Ready restore."""
+    if ctx.scheduling_gates:
+        gates = list((pod.get("spec") or {}).get("schedulingGates") or [])
+        patch.spec["schedulingGates"] = [*gates, {"name": c.SCHEDULING_GATE_WAIT}]
+    else:
+        selector = dict((pod.get("spec") or {}).get("nodeSelector") or {})
+        patch.spec["nodeSelector"] = {**selector, c.SCHEDULING_GATE_WAIT: "true"}
 
 
 @kopf.on.mutate("", "v1", "pods", operations=["CREATE"], id=WEBHOOK_PATH_ID, registry=registry, ignore_failures=True)
@@ -85,7 +105,12 @@ def mutate_pod(
     plan = restore_plan(ctx, body, ns)
     if plan is None:
         return
-    snapshot, container = plan
+    if plan.action == "wait":
+        hold(ctx, body, patch)
+        ctx.metrics.pods_cold.labels("HeldForCheckpoint").inc()
+        logger.info("pod held until its checkpoint is Ready (WaitForCheckpoint)")
+        return
+    snapshot, container = plan.snapshot, plan.container
     try:
         shaped = shape(body, snapshot=snapshot, container=container)
     except NotShapeable as exc:

@@ -127,9 +127,10 @@ def reconcile(ctx: OperatorContext, body: Mapping[str, Any], patch: kopf.Patch, 
             Condition(c.COND_READY, False, c.REASON_CHECKPOINT_PENDING, f"capturing {snapshot_name} (template {h})")
         )
 
-    # WaitForCheckpoint without scheduling gates: no replica may start before the checkpoint is Ready.
+    # WaitForCheckpoint: no replica may start before the checkpoint is Ready. Pods made in the moment
+    # before the hold are gated by the webhook; the hold scales them away, so every pod after Ready restores.
     # A failed capture releases the hold: serving cold beats not serving.
-    hold = policy.startup == c.STARTUP_POLICY_WAIT and not ready and not failed_msg and not ctx.scheduling_gates
+    hold = policy.startup == c.STARTUP_POLICY_WAIT and not ready and not failed_msg
     change = hold_patch(target) if hold else release_patch(target)
     if change is not None:
         patch_target(kube, policy.kind, policy.target, namespace, change)
