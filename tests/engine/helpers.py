@@ -127,4 +127,3 @@ class Pod:
             os.kill(self.unshare_pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.init_pid, signal.SIGKILL)  # PID 1 dying takes the whole PID namespace with it
-        proctree.wait_gone(self.init_pid, timeout_s=10)
