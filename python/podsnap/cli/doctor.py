@@ -119,7 +119,10 @@ def check_cuda() -> list[Check]:
             *out,
             Check("cuda checkpoint API", "FAIL", "bindings lack cuCheckpoint*", "pip install 'cuda-bindings>=12.8'"),
         ]
-    err = driver.cuInit(0)[0]
+    try:
+        err = driver.cuInit(0)[0]
+    except Exception as exc:  # the bindings raise when libcuda cannot be loaded
+        return [*out, Check("cuda checkpoint API", "FAIL", f"cuInit: {exc}", "check the driver installation")]
     if int(err) != 0:
         return [*out, Check("cuda checkpoint API", "FAIL", f"cuInit failed: {err}", "check the driver installation")]
     remap = (

@@ -11,6 +11,7 @@ Unlock. All pids here are host pids (the agent runs with hostPID).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -97,21 +98,33 @@ def uuid_bytes(uuid: str) -> bytes:
 class DriverCuda:
     """The real driver API. Construction is cheap; the first call imports the bindings and runs cuInit(0)."""
 
-    def __init__(self) -> None:
+    def __init__(self, driver: Any = None) -> None:
+        #: the `cuda.bindings.driver` module (injectable so the error mapping can be tested without a GPU)
+        self._module: Any = driver
         self._drv: Any = None
 
     def _driver(self) -> Any:
         if self._drv is None:
-            try:
-                from cuda.bindings import driver
-            except ImportError as exc:
-                raise CudaError(
-                    "import cuda.bindings.driver", None, "ImportError", "pip install 'podsnap[gpu]'"
-                ) from exc
-            self._drv = driver
-            self._check("cuInit", None, driver.cuInit(0))
+            driver = self._module
+            if driver is None:
+                try:
+                    from cuda.bindings import driver as imported
+                except ImportError as exc:
+                    raise CudaError(
+                        "import cuda.bindings.driver", None, "ImportError", "pip install 'podsnap[gpu]'"
+                    ) from exc
+                driver = imported
             if not hasattr(driver, "cuCheckpointProcessLock"):
                 raise CudaError("cuCheckpointProcessLock", None, "MISSING", "cuda-bindings >= 12.8 needed")
+            self._drv = driver
+            try:
+                self._check("cuInit", None, driver.cuInit(0))
+            except CudaError:
+                self._drv = None
+                raise
+            except Exception as exc:  # the bindings raise (not return) when libcuda cannot be loaded
+                self._drv = None
+                raise CudaError("cuInit", None, type(exc).__name__, str(exc)) from exc
         return self._drv
 
     def _name(self, err: Any) -> str:
@@ -176,12 +189,14 @@ class DriverCuda:
         items = []
         for old, new in pairs:
             pair = drv.CUcheckpointGpuPair()
-            o, n = drv.CUuuid(), drv.CUuuid()
-            o.bytes, n.bytes = uuid_bytes(old), uuid_bytes(new)
-            pair.oldUuid, pair.newUuid = o, n
+            # CUuuid.bytes is read-only: build each from a 16-byte buffer; the pair copies the value
+            o_buf = ctypes.create_string_buffer(uuid_bytes(old), 16)
+            n_buf = ctypes.create_string_buffer(uuid_bytes(new), 16)
+            pair.oldUuid = drv.CUuuid(ctypes.addressof(o_buf))
+            pair.newUuid = drv.CUuuid(ctypes.addressof(n_buf))
             items.append(pair)
         args = drv.CUcheckpointRestoreArgs()
-        args.gpuPairs = items
+        args.gpuPairs = items  # copied into the args' own array
         args.gpuPairsCount = len(items)
         return args
 
