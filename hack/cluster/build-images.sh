@@ -21,16 +21,16 @@ sha() { sha256sum | cut -c1-16; }
 SUITE=bookworm
 PACKAGES=python3,python3-venv,procps,ca-certificates
 DEPS=$("$PY" -c 'import sys, tomllib; print(" ".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))' "$REPO_ROOT/python/pyproject.toml")
-BASE_KEY=$( (echo "$SUITE $PACKAGES setuptools wheel $DEPS v1") | sha)
+BASE_KEY=$( (echo "$SUITE $PACKAGES setuptools wheel $DEPS v2") | sha)
 BASE=$IMAGES_CACHE/base-$BASE_KEY
 
-# chroot_run ROOT CMD...: runs CMD inside ROOT with /proc and /dev, and this host's DNS for pip
+# chroot_run ROOT CMD...: runs CMD inside ROOT with /proc and /dev; no network needed inside (pip
+# installs from wheels this host downloaded with its own pip configuration: mirrors, CAs, proxies)
 chroot_run() {
   local root=$1; shift
   mount -t proc proc "$root/proc"; mount --bind /dev "$root/dev"
-  cp -L /etc/resolv.conf "$root/etc/resolv.conf"
-  local rc=0; chroot "$root" env -i HOME=/root PATH=/opt/podsnap/venv/bin:/usr/sbin:/usr/bin:/sbin:/bin "$@" || rc=$?
-  umount "$root/dev"; umount "$root/proc"; rm -f "$root/etc/resolv.conf"
+  local rc=0; chroot "$root" env -i HOME=/root PYTHONDONTWRITEBYTECODE=1 PATH=/opt/podsnap/venv/bin:/usr/sbin:/usr/bin:/sbin:/bin "$@" || rc=$?
+  umount "$root/dev"; umount "$root/proc"
   return $rc
 }
 
@@ -38,13 +38,21 @@ chroot_run() {
 if [ ! -f "$BASE/layer.tar.sha256" ]; then
   apt_install debootstrap
   clog "building the base image layer ($SUITE minbase + python3 + $DEPS): ≈3 min, cached as $BASE"
-  rm -rf "$BASE.tmp"; mkdir -p "$BASE.tmp"
-  debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$BASE.tmp/rootfs" "$(debian_mirror)" >"$BASE.tmp/debootstrap.log" 2>&1 \
-    || { tail -20 "$BASE.tmp/debootstrap.log" >&2; die "debootstrap $SUITE failed (log: $BASE.tmp/debootstrap.log)"; }
+  mkdir -p "$BASE.tmp"
+  if [ ! -f "$BASE.tmp/debootstrap.done" ]; then
+    rm -rf "$BASE.tmp/rootfs"
+    debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$BASE.tmp/rootfs" "$(debian_mirror)" >"$BASE.tmp/debootstrap.log" 2>&1 \
+      || { tail -20 "$BASE.tmp/debootstrap.log" >&2; die "debootstrap $SUITE failed (log: $BASE.tmp/debootstrap.log)"; }
+    touch "$BASE.tmp/debootstrap.done"
+  fi
+  rm -rf "$BASE.tmp/rootfs/tmp/wheels"; mkdir -p "$BASE.tmp/rootfs/tmp/wheels"
   # shellcheck disable=SC2086
-  chroot_run "$BASE.tmp/rootfs" sh -c "python3 -m venv /opt/podsnap/venv && /opt/podsnap/venv/bin/pip install -q --no-cache-dir --upgrade pip setuptools wheel && /opt/podsnap/venv/bin/pip install -q --no-cache-dir $(printf "'%s' " $DEPS)" \
-    || die "pip install of podsnap's dependencies into the base image failed (PyPI reachable?)"
-  rm -rf "$BASE.tmp/rootfs"/var/cache/apt/archives/*.deb "$BASE.tmp/rootfs"/var/lib/apt/lists/* "$BASE.tmp/rootfs"/var/log/*.log
+  "$PY" -m pip download -q -d "$BASE.tmp/rootfs/tmp/wheels" pip setuptools wheel $DEPS >"$BASE.tmp/pip.log" 2>&1 \
+    || { grep -v 'is ignored' "$BASE.tmp/pip.log" | tail -20 >&2; die "pip download of podsnap's dependencies failed (PyPI reachable?)"; }
+  # shellcheck disable=SC2086
+  chroot_run "$BASE.tmp/rootfs" sh -c "python3 -m venv /opt/podsnap/venv && pip install -q --no-index --find-links /tmp/wheels --upgrade pip setuptools wheel && pip install -q --no-index --find-links /tmp/wheels $(printf "'%s' " $DEPS)" \
+    || die "pip install of podsnap's dependencies into the base image failed"
+  rm -rf "$BASE.tmp/rootfs/tmp/wheels" "$BASE.tmp/rootfs"/var/cache/apt/archives/*.deb "$BASE.tmp/rootfs"/var/lib/apt/lists/* "$BASE.tmp/rootfs"/var/log/*.log
   "${MK[@]}" layer "$BASE.tmp/rootfs" "$BASE.tmp/layer.tar" >/dev/null
   rm -rf "$BASE"; mv "$BASE.tmp" "$BASE"
   for old in "$IMAGES_CACHE"/base-*; do [ "$old" = "$BASE" ] || rm -rf "$old"; done
@@ -76,12 +84,17 @@ APP_KEY=$( (echo "$BASE_KEY"; cd "$REPO_ROOT" && echo "$SRC_FILES" | while read 
 APP_LAYER=$IMAGES_CACHE/app-$APP_KEY.tar
 if [ ! -f "$APP_LAYER.sha256" ]; then
   W=$(mktemp -d "$IMAGES_CACHE/app-build.XXXXXX"); mkdir -p "$W/upper" "$W/work" "$W/merged"
-  cleanup_app() { umount "$W/merged/dev" "$W/merged/proc" 2>/dev/null; umount "$W/merged" 2>/dev/null; rm -rf "$W"; }
+  cleanup_app() { umount "$W/merged/dev" "$W/merged/proc" 2>/dev/null || true; umount "$W/merged" 2>/dev/null || true; rm -rf "$W"; }
   trap cleanup_app EXIT
   mount -t overlay overlay -o "lowerdir=$BASE/rootfs,upperdir=$W/upper,workdir=$W/work" "$W/merged"
   mkdir -p "$W/merged/tmp/podsnap-src"
   (cd "$REPO_ROOT" && echo "$SRC_FILES" | while read -r f; do [ -f "$f" ] && echo "$f"; done | tar -cf - -T -) | tar -xf - -C "$W/merged/tmp/podsnap-src"
-  chroot_run "$W/merged" pip install -q --no-cache-dir --no-build-isolation /tmp/podsnap-src/python \
+  # setuptools refuses a readme outside the project dir (pyproject's "../README.md"): bring it inside
+  if grep -q '^readme = "../README.md"' "$W/merged/tmp/podsnap-src/python/pyproject.toml"; then
+    cp "$W/merged/tmp/podsnap-src/README.md" "$W/merged/tmp/podsnap-src/python/README.md" 2>/dev/null || : >"$W/merged/tmp/podsnap-src/python/README.md"
+    sed -i 's#^readme = "../README.md"#readme = "README.md"#' "$W/merged/tmp/podsnap-src/python/pyproject.toml"
+  fi
+  chroot_run "$W/merged" pip install -q --no-cache-dir --no-index --no-deps --no-build-isolation /tmp/podsnap-src/python \
     || die "pip install of podsnap from the working tree into the image failed"
   rm -rf "$W/merged/tmp/podsnap-src"
   umount "$W/merged"
@@ -98,7 +111,7 @@ SPEC=$(cat <<JSON
  {"ref": "localhost/podsnap-operator:$IMAGE_TAG", "layers": ["$BASE/layer.tar", "$APP_LAYER"],
   "config": {"Entrypoint": ["podsnap-operator"], "Env": ["$VENV_PATH", "PYTHONUNBUFFERED=1"], "User": "65532:65532"}},
  {"ref": "localhost/podsnap-agent:$IMAGE_TAG", "layers": ["$BASE/layer.tar", "$CRIU_LAYER", "$APP_LAYER"],
-  "config": {"Entrypoint": ["podsnap-agent"], "Env": ["$VENV_PATH", "PYTHONUNBUFFERED=1", "PODSNAP_CRIU_DIR=/opt/podsnap/criu"]}},
+  "config": {"Entrypoint": ["podsnap-agent"], "Env": ["$VENV_PATH", "PYTHONUNBUFFERED=1", "PODSNAP_CRIU=/opt/podsnap/criu/criu.sh"]}},
  {"ref": "localhost/podsnap-demo:$IMAGE_TAG", "layers": ["$BASE/layer.tar", "$APP_LAYER"],
   "config": {"Cmd": ["python", "-m", "podsnap.demo"], "Env": ["$VENV_PATH", "PYTHONUNBUFFERED=1"], "ExposedPorts": {"8000/tcp": {}}}},
  {"ref": "localhost/pause:$IMAGE_TAG", "layers": ["$PAUSE_LAYER"], "config": {"Entrypoint": ["/pause"]}}

@@ -144,7 +144,9 @@ def write_archive(spec: dict[str, Any], out: Path) -> None:
                     "created": CREATED,
                     "config": config,
                     "rootfs": {"type": "layers", "diff_ids": diff_ids},
-                    "history": [{"created": CREATED, "created_by": f"hack/cluster/mkimage.py {p.name}"} for p in layers],
+                    "history": [
+                        {"created": CREATED, "created_by": f"hack/cluster/mkimage.py {p.name}"} for p in layers
+                    ],
                 },
                 sort_keys=True,
             ).encode()

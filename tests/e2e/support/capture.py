@@ -18,6 +18,7 @@ from tests.e2e.support.flow import (
     demo_deployment,
     demo_service,
     init_id,
+    init_ids_in_log,
     pod_start_seconds,
     policy,
     restore_from,
@@ -84,11 +85,13 @@ def run_capture(
     cluster.apply([snapshot_policy(app, app, startup, deletion)], namespace)
     cluster.apply([demo_service(cfg, app), demo_deployment(cfg, app, replicas)], namespace)
     deadline = t0 + cfg.timeout_s
+    sources: set[str] = set()
     while True:
         for pod in capture_pods(cluster, namespace):
             seen = _source_init_id(cluster, pod, cfg.demo_port)
             if seen:
                 run.source_init_ids.add(seen)
+            sources.add(pod.metadata.name)
         for pod in serving_pods(cluster, namespace, app):
             if pod_ready(pod):
                 run.ready_while_capturing.setdefault(pod.metadata.name, restored(pod))
@@ -106,6 +109,9 @@ def run_capture(
             )
         time.sleep(0.3)
     run.seconds["policy_ready"] = round(time.monotonic() - t0, 3)
+    # the source also printed its init id; its log outlives the checkpointed process
+    for name in sources | {p.metadata.name for p in capture_pods(cluster, namespace)}:
+        run.source_init_ids |= init_ids_in_log(cluster, namespace, name)
     snapshot = cluster.get_custom(contract.PLURAL_POD_SNAPSHOTS, run.checkpoint, namespace)
     assert snapshot is not None, f"PodSnapshot {run.checkpoint} named by the policy does not exist"
     run.snapshot = snapshot

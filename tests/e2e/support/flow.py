@@ -6,6 +6,7 @@ Names come from `podsnap.contract`, so a protocol rename is one edit.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes import client as kclient
+from kubernetes.client.exceptions import ApiException
 
 from podsnap import contract
 from tests.e2e.support.config import E2EConfig
@@ -25,10 +27,8 @@ CONTAINER = "main"
 def demo_deployment(cfg: E2EConfig, name: str, replicas: int = 1, memory: str = "1Gi") -> dict[str, Any]:
     """The demo worker (an OpenAI-compatible server instrumented with podsnap's SDK) as a Deployment."""
     resources: dict[str, Any] = {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": memory}}
-    env = [{"name": "PODSNAP_DEMO_PORT", "value": str(cfg.demo_port)}]
     if cfg.gpu:
         resources["limits"]["nvidia.com/gpu"] = 1
-        env.append({"name": "PODSNAP_DEMO_DEVICE", "value": "cuda"})
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -46,8 +46,7 @@ def demo_deployment(cfg: E2EConfig, name: str, replicas: int = 1, memory: str = 
                             "image": cfg.demo_image,
                             "imagePullPolicy": "IfNotPresent",
                             "command": ["podsnap-run", "--", "python", "-m", "podsnap.demo"],
-                            "args": ["--host", "0.0.0.0", "--port", str(cfg.demo_port)],
-                            "env": env,
+                            "args": ["--port", str(cfg.demo_port), "--device", "cuda" if cfg.gpu else "cpu"],
                             "ports": [{"name": "http", "containerPort": cfg.demo_port}],
                             "readinessProbe": {
                                 "httpGet": {"path": "/health", "port": cfg.demo_port},
@@ -133,6 +132,18 @@ def worker_health(cluster: Cluster, namespace: str, pod: str, port: int) -> dict
     status, body = cluster.proxy(f"namespaces/{namespace}/pods/{pod}:{port}/proxy/health")
     assert status == 200 and isinstance(body, dict), f"GET /health of pod {pod}: {status} {body}"
     return body
+
+
+INIT_ID_IN_LOG = re.compile(r"init_id=([0-9a-f-]{36})")
+
+
+def init_ids_in_log(cluster: Cluster, namespace: str, pod: str) -> set[str]:
+    """The init ids a demo worker printed (`podsnap-demo: serving on ... init_id=...`)."""
+    try:
+        log = cluster.core.read_namespaced_pod_log(pod, namespace, container=CONTAINER)
+    except ApiException:
+        return set()
+    return set(INIT_ID_IN_LOG.findall(log))
 
 
 def init_id(body: dict[str, Any]) -> str:
