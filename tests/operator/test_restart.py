@@ -1,0 +1,63 @@
+"""The operator killed mid-flow and restarted converges to the same result, with no duplicate objects."""
+
+from __future__ import annotations
+
+from podsnap import contract as c
+from podsnap.operator import main as operator_main
+from tests.operator.conftest import Env
+from tests.operator.harness import cond_is, wait_for
+from tests.operator.test_snapshotjob import kubelet_starts_capture_pod, snapshot_job
+
+
+def test_operator_restart_mid_capture_converges_without_duplicates(env: Env, ns: str) -> None:
+    env.cluster.create(c.PLURAL_SNAPSHOT_JOBS, snapshot_job("cap"), ns)
+    wait_for(
+        lambda: cond_is(
+            env.cluster.get(c.PLURAL_SNAPSHOT_JOBS, "cap", ns), c.COND_RUNNING, reason=c.REASON_POD_PENDING
+        ),
+        what="PodPending",
+    )
+    env.operator.stop()  # killed between "Job created" and "pod Ready"
+    try:
+        pod, _ = kubelet_starts_capture_pod(env, ns, "cap")
+    finally:
+        env.operator.ctx = operator_main.build_context(env.operator_ctx.config)  # a fresh process: nothing in memory
+        env.operator.start()
+    sj = wait_for(
+        lambda: cond_is(s := env.cluster.get(c.PLURAL_SNAPSHOT_JOBS, "cap", ns), c.COND_COMPLETED) and s,
+        timeout=30,
+        what="Completed",
+    )
+    snapshots = env.cluster.kube.custom.list_namespaced_custom_object(c.GROUP, c.VERSION, ns, c.PLURAL_POD_SNAPSHOTS)[
+        "items"
+    ]
+    assert [s["metadata"]["name"] for s in snapshots] == ["cap"]
+    contents = [
+        x
+        for x in env.cluster.kube.custom.list_cluster_custom_object(c.GROUP, c.VERSION, c.PLURAL_POD_SNAPSHOT_CONTENTS)[
+            "items"
+        ]
+        if x["spec"]["podSnapshotRef"]["namespace"] == ns
+    ]
+    assert len(contents) == 1 and contents[0]["metadata"]["name"] == c.content_name(sj["status"]["podSnapshotUID"])
+    assert len(env.executor.of("capture", pod["metadata"]["name"])) == 1
+
+
+def test_operator_restart_after_the_snapshot_was_created_converges(env: Env, ns: str) -> None:
+    env.executor.capture_delay_s = 2.0  # a capture still running while the operator is away
+    try:
+        env.cluster.create(c.PLURAL_SNAPSHOT_JOBS, snapshot_job("cap"), ns)
+        pod, _ = kubelet_starts_capture_pod(env, ns, "cap")
+        wait_for(lambda: env.executor.of("capture", pod["metadata"]["name"]), what="capture started")
+        env.operator.stop()
+    finally:
+        env.executor.capture_delay_s = 0.0
+    env.operator.ctx = operator_main.build_context(env.operator_ctx.config)
+    env.operator.start()
+    wait_for(
+        lambda: cond_is(env.cluster.get(c.PLURAL_SNAPSHOT_JOBS, "cap", ns), c.COND_COMPLETED),
+        timeout=30,
+        what="Completed",
+    )
+    assert cond_is(env.cluster.get(c.PLURAL_POD_SNAPSHOTS, "cap", ns), c.COND_READY)
+    assert len(env.executor.of("capture", pod["metadata"]["name"])) == 1

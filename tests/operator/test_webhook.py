@@ -1,0 +1,89 @@
+"""The pod webhook as the real API server calls it (TLS, MutatingWebhookConfiguration from the chart with a
+127.0.0.1 URL): policy pods shaped, others untouched, and an outage never blocks pod creation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from podsnap import contract as c
+from podsnap.agent.executor import IncompatibleError
+from podsnap.operator import main as operator_main
+from tests.operator.conftest import Env
+from tests.operator.harness import cond_is, wait_for
+from tests.operator.test_podsnapshot import podsnapshot, running_pod
+from tests.operator.test_policy import deployment, kubelet_runs_restore_pod, pod_template, policy, ready_policy, shaped
+
+
+def golden(env: Env, ns: str) -> None:
+    running_pod(env, ns, "source")
+    env.cluster.create(c.PLURAL_POD_SNAPSHOTS, podsnapshot("golden", "source"), ns)
+    wait_for(lambda: cond_is(env.cluster.get(c.PLURAL_POD_SNAPSHOTS, "golden", ns), c.COND_READY), what="golden Ready")
+
+
+def test_pods_outside_any_policy_are_untouched(env: Env, ns: str, tmp_path: Path) -> None:
+    env.cluster.kube.core.create_namespaced_pod(
+        ns,
+        {"metadata": {"name": "bare"}, "spec": {"containers": [{"name": "main", "image": "x", "command": ["serve"]}]}},
+    )
+    env.cluster.kube.apps.create_namespaced_deployment(ns, deployment("other", 1, pod_template("other", tmp_path)))
+    pods = wait_for(lambda: len(p := env.cluster.pods(ns, "")) == 2 and p, what="2 pods")
+    for pod in pods:
+        assert not shaped(pod) and c.LABEL_RESTORE not in (pod["metadata"].get("labels") or {})
+        assert pod["spec"]["containers"][0]["command"] != list(c.PLACEHOLDER_COMMAND)
+        assert not pod["spec"].get("shareProcessNamespace")
+
+
+def test_webhook_outage_means_a_cold_start_not_a_blocked_rollout(env: Env, ns: str, tmp_path: Path) -> None:
+    golden(env, ns)
+    env.cluster.kube.apps.create_namespaced_deployment(ns, deployment("web", 0, pod_template("web", tmp_path)))
+    env.cluster.create(
+        c.PLURAL_SNAPSHOT_POLICIES, policy("pol", "Deployment", "web", checkpointRef={"name": "golden"}), ns
+    )
+    ready_policy(env, ns, "pol")
+    env.cluster.kube.apps.patch_namespaced_deployment("web", ns, {"spec": {"replicas": 1}})
+    [first] = wait_for(lambda: env.cluster.pods(ns, "app=web"), what="first pod")
+    assert shaped(first), "with the webhook up, the pod is shaped for restore"
+
+    env.operator.stop()
+    try:
+        env.cluster.kube.apps.patch_namespaced_deployment("web", ns, {"spec": {"replicas": 2}})
+        pods = wait_for(
+            lambda: len(p := env.cluster.pods(ns, "app=web")) == 2 and p,
+            timeout=30,
+            what="second pod despite the outage",
+        )
+        [cold] = [p for p in pods if p["metadata"]["name"] != first["metadata"]["name"]]
+        assert not shaped(cold) and cold["spec"]["containers"][0]["command"] == ["python", "-m", "worker"]
+    finally:
+        env.operator.ctx = operator_main.build_context(env.operator_ctx.config)
+        env.operator.start()
+
+
+def test_incompatible_restore_and_skip_annotation(env: Env, ns: str, tmp_path: Path) -> None:
+    """A refused gate ends in RestoreIncompatible naming the gate; skip-compat-check is passed to the executor."""
+    golden(env, ns)
+    control = tmp_path / "ctl"
+    control.mkdir()
+    template = pod_template("web", control)
+    template["metadata"]["annotations"] = {c.ANNOTATION_SKIP_COMPAT_CHECK: "true"}
+    env.cluster.kube.apps.create_namespaced_deployment(ns, deployment("web", 0, template))
+    env.cluster.create(
+        c.PLURAL_SNAPSHOT_POLICIES, policy("pol", "Deployment", "web", checkpointRef={"name": "golden"}), ns
+    )
+    ready_policy(env, ns, "pol")
+    env.cluster.kube.apps.patch_namespaced_deployment("web", ns, {"spec": {"replicas": 1}})
+    [pod] = wait_for(lambda: env.cluster.pods(ns, "app=web"), what="restore pod")
+    name = pod["metadata"]["name"]
+    env.executor.fail_restore[name] = IncompatibleError("gpu-model", "expected NVIDIA H200, found NVIDIA A100")
+    kubelet_runs_restore_pod(env, ns, pod, control)
+    got = wait_for(
+        lambda: (
+            cond_is(p := env.cluster.pod(ns, name), c.POD_CONDITION_RESTORED, "False", c.REASON_RESTORE_INCOMPATIBLE)
+            and p
+        ),
+        what="RestoreIncompatible",
+    )
+    cond = next(x for x in got["status"]["conditions"] if x["type"] == c.POD_CONDITION_RESTORED)
+    assert "gpu-model" in cond["message"]
+    assert env.executor.of("restore", name)[0].request.skip_compat is True
+    assert not (control / c.FILE_RESTORE_COMPLETE).exists()
