@@ -128,8 +128,13 @@ def round_trip(
     keep: bool = False,
     progress: Callable[[str], None] | None = None,
     env: dict[str, str] | None = None,
+    after_cold_start: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """Run the whole round trip; return a JSON-able report (see module doc). Raises RoundTripError."""
+    """Run the whole round trip; return a JSON-able report (see module doc). Raises RoundTripError.
+
+    `after_cold_start()` runs once the source answered, before the capture (e.g. to free the memory
+    a weights file in tmpfs holds before the capture needs as much again).
+    """
     from podsnap.engine import CaptureOptions, RestoreOptions, capture, restore
     from podsnap.engine.proctree import exists, kill_tree
 
@@ -159,6 +164,8 @@ def round_trip(
             raise RoundTripError("the worker gave two answers to one question before any capture")
         report["before"] = before
         report["gpu_bytes"] = gpu_memory_bytes(pid)
+        if after_cold_start is not None:
+            after_cold_start()
         say(f"cold start {report['cold_start_s']:.2f}s (pid {pid}); capturing")
         _wait(contract.FILE_READY_FOR_SNAPSHOT, (control / contract.FILE_READY_FOR_SNAPSHOT).exists, 60, pid, log)
         t1 = time.monotonic()

@@ -100,20 +100,30 @@ class TorchModel:
             c = bits[i : i + CHUNK].to(torch.int64)
             parts.append((c * pos[: c.numel()]).sum())
         total = torch.stack(parts).tolist()
-        del pos
+        del pos, parts, c
+        # the temporaries above are GiB-sized: hand them back so a capture right after does not carry them
+        self.release_caches()
         return combine_checksum(total, self.n, self.dtype)
 
     def release_caches(self) -> None:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
+        # pinned staging buffers of the loader stay cached in torch's host allocator otherwise
+        host_empty = getattr(torch._C, "_host_emptyCache", None)
+        if host_empty is not None:
+            host_empty()
 
 
 def _step(
     h: torch.Tensor, sig: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, emb: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     z = torch.tanh(h @ w1 + sig)
-    tok = torch.argmax(z @ w2)
-    return tok, torch.tanh(z + emb[tok])
+    logits = z @ w2
+    tok = torch.argmax(logits)
+    # a one-hot product instead of emb[tok]: indexing by a device value is data-dependent, which
+    # torch.compile(fullgraph=True) cannot trace; x * 1.0 + 0.0 keeps the row exact
+    onehot = (torch.arange(logits.shape[0], device=logits.device) == tok).to(emb.dtype)
+    return tok, torch.tanh(z + onehot @ emb[: logits.shape[0]])
 
 
 def write_weights(path: Path, n: int, seed: int, dtype: str) -> None:
