@@ -233,3 +233,29 @@ def test_restore_refuses_while_the_pid_is_taken(criu: Criu, worker: Worker, tmp_
     with pytest.raises(RestoreError, match="already in use"):
         restore(tmp_path / "art2", criu=criu)
     assert worker.get()["init_id"] == worker.init_id
+
+
+def test_hooks_add_files_to_the_artifact_and_run_before_the_restore(criu: Criu, worker: Worker, tmp_path: Path) -> None:
+    def add_rootfs_diff(staging: Path) -> dict[str, object]:
+        (staging / "rootfs").mkdir()
+        (staging / "rootfs" / "diff.tar").write_bytes(b"tar" * 100)
+        return {"rootfsDiff": {"path": "rootfs/diff.tar"}}
+
+    result = capture(worker.pid, tmp_path / "art", CaptureOptions(before_publish=add_rootfs_diff), criu=criu)
+    assert result.manifest.extra["rootfsDiff"] == {"path": "rootfs/diff.tar"}
+    assert "rootfs/diff.tar" in {f.path for f in result.manifest.files}
+
+    seen: list[str] = []
+    (tmp_path / "art" / "rootfs" / "diff.tar").write_bytes(b"TAR" * 100)
+    with pytest.raises(ArtifactError, match=r"diff\.tar"):
+        restore(tmp_path / "art", RestoreOptions(before_restore=lambda a, m: seen.append("called")), criu=criu)
+    assert seen == [], "the hook runs only once the artifact is verified"
+    (tmp_path / "art" / "rootfs" / "diff.tar").write_bytes(b"tar" * 100)
+    restored = restore(
+        tmp_path / "art",
+        RestoreOptions(before_restore=lambda a, m: seen.append(m.extra["rootfsDiff"]["path"])),
+        criu=criu,
+    )
+    assert seen == ["rootfs/diff.tar"]
+    assert "before_restore" in restored.timings_ms
+    assert worker.get()["init_id"] == worker.init_id

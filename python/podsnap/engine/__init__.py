@@ -34,6 +34,17 @@ Restore::
 Both take `progress=callable(Progress)` (phase, done, total bytes, finished) for long phases, and
 `cuda=`/`criu=` to inject a CudaCheckpointer or a Criu (tests, other drivers).
 
+Room for more than CRIU images: `CaptureOptions.before_publish(staging_dir) -> extra sections` adds
+files (a rootfs diff, weight shards for a fast path) that are digested and verified like CRIU's, and
+`RestoreOptions.before_restore(artifact, manifest)` runs after verification and gates, before CRIU
+(e.g. apply the rootfs diff inside the placeholder).
+
+Namespace mode (pods): CRIU runs via `nsenter -t namespace_pid -m -u -i -n -p`; CRIU, its libraries,
+the images and the work dir reach it only as inherited O_PATH directory fds (`/proc/self/fd/N/...`),
+never mounted where the workload could see them. The worker must not be PID 1 of its container
+(refused at capture). The restore joins namespace_pid's cgroups and lands under its PID 1 with the same
+namespace PIDs; `RestoreResult.pid` is the host PID.
+
 Errors (see `podsnap.engine.errors`): EngineError > CriuError, CudaError, ArtifactError,
 CompatibilityError, CaptureError, RestoreError.
 

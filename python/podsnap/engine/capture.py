@@ -133,7 +133,7 @@ def capture(
         with timer.phase(phase, mem_estimate) as start:
             images = staging.criu_dir
 
-            def monitor() -> None:
+            def monitor(_: int) -> None:
                 timer.report(phase, _dir_bytes(images), mem_estimate, start=start)
 
             lines = runner.dump(
@@ -159,6 +159,14 @@ def capture(
         (staging.path / "logs").mkdir()
         with contextlib.suppress(OSError):
             shutil.copyfile(work / "dump.log", staging.path / "logs" / "dump.log")
+        extra = dict(opts.extra)
+        if opts.before_publish is not None:
+            phase = "before_publish"
+            with timer.phase(phase):
+                try:
+                    extra.update(opts.before_publish(staging.path))
+                except Exception as exc:
+                    raise CaptureError(f"before_publish hook: {exc}", phase=phase, source_alive=False) from exc
         phase = "hash"
         with timer.phase(phase, _dir_bytes(staging.path)) as start:
             files = art.describe_files(
@@ -179,7 +187,7 @@ def capture(
                 criu_version=criu_version,
                 criu_options=tuple(lines),
                 timings_ms={k: round(v, 3) for k, v in timings.items()},
-                extra=json.loads(json.dumps(dict(opts.extra))),
+                extra=json.loads(json.dumps(extra)),
                 created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             )
             staging.write_manifest(manifest)

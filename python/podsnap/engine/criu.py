@@ -147,6 +147,21 @@ def find_binary(explicit: str | os.PathLike[str] | None = None) -> CriuBinary:
     raise CriuError("CRIU not found (PODSNAP_CRIU, .tools/bin/criu, PATH): run `make setup` to build CRIU 4")
 
 
+def bytes_read(pid: int) -> int:
+    """Bytes `pid` and its descendants have read so far (/proc/PID/io rchar): CRIU's restore progress."""
+    total = 0
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        with contextlib.suppress(OSError, ValueError):
+            for line in Path(f"/proc/{p}/io").read_text().splitlines():
+                if line.startswith("rchar:"):
+                    total += int(line.split()[1])
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+    return total
+
+
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     """Error lines first (they say why), then the last `lines` lines (they say where)."""
     try:
@@ -256,7 +271,7 @@ class Criu:
         pass_fds: tuple[int, ...],
         timeout_s: float,
         log_level: int,
-        monitor: Callable[[], None] | None,
+        monitor: Callable[[int], None] | None,
     ) -> None:
         self.version()
         work_dir.mkdir(parents=True, exist_ok=True)
@@ -319,7 +334,9 @@ class Criu:
             )
 
     @staticmethod
-    def _wait(proc: subprocess.Popen[bytes], action: str, timeout_s: float, monitor: Callable[[], None] | None) -> str:
+    def _wait(
+        proc: subprocess.Popen[bytes], action: str, timeout_s: float, monitor: Callable[[int], None] | None
+    ) -> str:
         chunks: list[bytes] = []
         assert proc.stdout is not None
         stdout = proc.stdout
@@ -332,7 +349,7 @@ class Criu:
                 proc.wait()
                 raise CriuError(f"criu {action} did not finish within {timeout_s:.0f} s: killed it")
             if monitor is not None:
-                monitor()
+                monitor(proc.pid)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=0.25)
         reader.join(timeout=5)
@@ -348,7 +365,7 @@ class Criu:
         namespace_pid: int | None = None,
         leave_running: bool = False,
         net_ns_inode: int | None = None,
-        monitor: Callable[[], None] | None = None,
+        monitor: Callable[[int], None] | None = None,
     ) -> list[str]:
         """Dump the tree rooted at `pid` (a PID as seen inside `namespace_pid`'s namespace when given).
 
@@ -382,7 +399,7 @@ class Criu:
         namespace_pid: int | None = None,
         join_cgroups: bool = True,
         net_ns: Path | None = None,
-        monitor: Callable[[], None] | None = None,
+        monitor: Callable[[int], None] | None = None,
     ) -> int:
         """Restore detached (`-d`); return the root's PID as CRIU saw it (from its pidfile).
 

@@ -47,6 +47,9 @@ class CaptureOptions:
     criu_binary: Path | None = None
     #: threads hashing the artifact (None: one per core, at most 16)
     hash_workers: int | None = None
+    #: hook run with the staging dir after the dump, before hashing: add files (a rootfs diff, weight
+    #: shards) and return manifest `extra` sections describing them; added files are digested like CRIU's
+    before_publish: Callable[[Path], Mapping[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,8 @@ class RestoreOptions:
     criu_binary: Path | None = None
     #: threads hashing the artifact (None: one per core, at most 16)
     hash_workers: int | None = None
+    #: hook run after digests and gates passed, before CRIU restores (e.g. apply a rootfs diff)
+    before_restore: Callable[[Path, Manifest], None] | None = None
 
 
 @dataclass(frozen=True)

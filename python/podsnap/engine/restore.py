@@ -10,7 +10,7 @@ from pathlib import Path
 
 from podsnap.engine import artifact as art
 from podsnap.engine import compat, proctree
-from podsnap.engine.criu import Criu, find_binary
+from podsnap.engine.criu import Criu, bytes_read, find_binary
 from podsnap.engine.cuda import CudaCheckpointer, default_checkpointer
 from podsnap.engine.errors import EngineError, RestoreError
 from podsnap.engine.host import HostFacts, host_facts
@@ -85,6 +85,12 @@ def restore(
                 f"pid(s) {busy} already in use in {where}: the source still runs, or its zombie is not reaped",
                 phase="compat",
             )
+    if opts.before_restore is not None:
+        with timer.phase("before_restore"):
+            try:
+                opts.before_restore(artifact, manifest)
+            except Exception as exc:
+                raise RestoreError(f"before_restore hook: {exc}", phase="before_restore") from exc
     cp: CudaCheckpointer | None = None
     if manifest.cuda_pids:
         cp = cuda or default_checkpointer()
@@ -96,7 +102,13 @@ def restore(
     phase = "criu_restore"
     ok = False
     try:
-        with timer.phase(phase, manifest.memory_bytes):
+        with timer.phase(phase, manifest.memory_bytes) as start:
+
+            def monitor(criu_pid: int) -> None:
+                timer.report(
+                    phase, min(bytes_read(criu_pid), manifest.memory_bytes), manifest.memory_bytes, start=start
+                )
+
             root_ns = runner.restore(
                 artifact / CRIU_DIR,
                 work,
@@ -104,6 +116,7 @@ def restore(
                 namespace_pid=opts.namespace_pid,
                 join_cgroups=opts.join_cgroups,
                 net_ns=opts.net_ns,
+                monitor=monitor,
             )
             mapping: dict[int, int] = {}
             for proc in manifest.processes:
