@@ -150,7 +150,8 @@ def capture(
         if not opts.leave_running:
             # CRIU killed the tree; its PIDs are free for a restore only once the parent reaped them
             with timer.phase("reap"):
-                proctree.wait_gone(pid, timeout_s=30)
+                for proc in tree:
+                    proctree.wait_gone(proc.pid, timeout_s=30)
         if opts.leave_running and checkpointed:
             problems = _rollback_cuda(cp, locked, checkpointed) if cp is not None else []
             locked, checkpointed = [], []

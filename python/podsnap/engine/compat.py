@@ -52,9 +52,12 @@ def check(manifest: Manifest, host: HostFacts) -> list[GateFailure]:
         out.append(GateFailure("kernel", src.kernel, host.kernel, "restore on a node with the source's kernel"))
     if manifest.cuda_pids:
         if src.driver_version != host.driver_version:
-            out.append(
-                GateFailure("driver", src.driver_version, host.driver_version, "restore on a node with the same driver")
+            hint = (
+                "restore on a node with the same driver"
+                if host.driver_version
+                else "no driver seen here: NVML missing (pip install 'podsnap[gpu]') or no NVIDIA driver"
             )
+            out.append(GateFailure("driver", src.driver_version, host.driver_version, hint))
         want = Counter(_source_gpu_names(manifest))
         have = Counter(g.name for g in host.gpus)
         if sum(want.values()) > sum(have.values()):

@@ -151,7 +151,7 @@ def restore(
             cuda_pids=tuple(cuda_new),
             skipped_gates=tuple(skipped),
         )
-    except EngineError as exc:
+    except (EngineError, OSError) as exc:
         # never leave a half-restored process serving
         # (a failed CRIU restore has already killed its partial tree itself)
         proctree.kill_tree(restored)
