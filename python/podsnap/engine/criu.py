@@ -12,6 +12,9 @@ visible in the target's mount namespace: they are opened here as O_PATH director
 the nsenter child inherits, and CRIU is pointed at `/proc/self/fd/N/...`. Nothing is mounted, so
 the workload can never see them. CRIU still runs with the destination's dynamic loader and libc, so
 the container's glibc must be at least the one CRIU was built against (2.36 for `make setup`'s build).
+Running it through this host's loader instead (`ld.so --library-path ... criu`) was tried and fails
+at restore: /proc/self/exe is then ld.so, which the restored process maps too, and the restorer's
+PR_SET_MM_MAP gets EBUSY. A static CRIU build would lift the glibc requirement.
 """
 
 from __future__ import annotations
@@ -325,6 +328,11 @@ class Criu:
                 raise CriuError(f"cannot start criu {action}: {exc}") from exc
             output = self._wait(proc, action, timeout_s, monitor)
         if proc.returncode != 0:
+            if "GLIBC_" in output and namespace_pid is not None:
+                output += (
+                    "\nhint: the container's glibc is older than the one CRIU was built against; "
+                    "use a CRIU built statically or against an older glibc"
+                )
             raise CriuError(
                 f"criu {action} exited with {proc.returncode}"
                 + (f" (namespaces of pid {namespace_pid})" if namespace_pid else "")
