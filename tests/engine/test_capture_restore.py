@@ -174,6 +174,7 @@ def test_injected_criu_failure_leaves_the_source_serving(criu: Criu, worker: Wor
     with pytest.raises(CaptureError, match="criu dump exited with 1") as err:
         capture(worker.pid, out / "snap", criu=_failing_criu(tmp_path, criu, "dump"))
     assert err.value.phase == "criu_dump"
+    assert "dump refused" in str(err.value)
     assert err.value.source_alive is True
     assert worker.get()["init_id"] == worker.init_id
     _no_artifact_visible(out, "snap")
@@ -187,6 +188,7 @@ def test_bad_criu_option_fails_with_the_log_and_leaves_the_source_serving(
     opts = CaptureOptions(criu=CriuOptions(extra=("external mnt[]:no-such-mount-key",)))
     with pytest.raises(CaptureError) as err:
         capture(worker.pid, tmp_path / "snap", opts, criu=criu)
+    assert "Could not add external resource" in str(err.value), "CRIU's own words reach the caller"
     assert err.value.source_alive is True
     assert worker.get()["init_id"] == worker.init_id
     _no_artifact_visible(tmp_path, "snap")
@@ -210,6 +212,7 @@ def test_full_disk_leaves_the_source_serving_and_no_artifact(criu: Criu, worker:
 
     with pytest.raises(CaptureError) as err:
         capture(worker.pid, tiny_tmpfs / "snap", criu=criu)
+    assert "No space left on device" in str(err.value), "the CRIU log tail says why"
     assert err.value.source_alive is True
     assert worker.get()["init_id"] == worker.init_id
     assert list(tiny_tmpfs.iterdir()) == []
