@@ -102,6 +102,14 @@ def capture(
                         source_alive=True,
                     )
                 criu_pid = root.ns_pid
+            uring = proctree.io_uring_users([p.pid for p in tree])
+            if uring:
+                raise CaptureError(
+                    f"pid(s) {uring} use io_uring, which CRIU cannot checkpoint: keep the worker off io_uring "
+                    "(sysctl kernel.io_uring_disabled=2 makes libraries fall back)",
+                    phase=phase,
+                    source_alive=True,
+                )
             runner = criu or Criu(find_binary(opts.criu_binary))
             criu_version = runner.version()
             if cp is None and opts.cuda != "off":

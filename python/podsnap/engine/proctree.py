@@ -123,6 +123,19 @@ def host_pid_in_ns(ns_pid: int, ns_of: int) -> int | None:
     return None
 
 
+def io_uring_users(pids: list[int], proc: Path = PROC) -> list[int]:
+    """Those of `pids` holding an io_uring instance (CRIU cannot checkpoint io_uring)."""
+    out = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in (proc / str(pid) / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    if "io_uring" in str(fd.readlink()):
+                        out.append(pid)
+                        break
+    return out
+
+
 def kill_tree(pids: list[int], *, timeout_s: float = 5.0) -> None:
     """SIGKILL every listed process (children first) and wait until none is alive."""
     for pid in reversed(pids):
