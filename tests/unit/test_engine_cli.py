@@ -50,3 +50,23 @@ def test_doctor_lines_have_a_status_and_a_fix_when_not_ok(tmp_path: Path) -> Non
 def test_run_delegates_to_podsnap_run() -> None:
     # podsnap-run with no command is a usage error: the delegation passes its exit status through
     assert main(["run"]) != 0
+
+
+def test_inspect_shows_the_source_and_verifies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from podsnap.engine import Manifest, ProcInfo
+    from podsnap.engine import artifact as art
+    from podsnap.engine.host import host_facts
+
+    staging = art.Staging(tmp_path / "a")
+    (staging.criu_dir / "pages-1.img").write_bytes(b"p" * 10)
+    files = art.describe_files(staging.path)
+    staging.write_manifest(
+        Manifest(host_facts(with_gpus=False), (ProcInfo(5, 5, 1, "w", ()),), (), (), files, extra={"demo": {}})
+    )
+    staging.publish()
+    assert main(["inspect", str(tmp_path / "a"), "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "5/5 w" in out and "OK   digests" in out and "restorable on this host" in out and "extra      demo" in out
+    (tmp_path / "a" / "criu" / "pages-1.img").write_bytes(b"q" * 10)
+    assert main(["inspect", str(tmp_path / "a"), "--verify"]) == 1
+    assert "FAIL digests" in capsys.readouterr().out

@@ -53,6 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--criu", metavar="PATH", help="CRIU binary (default: PODSNAP_CRIU, .tools/bin/criu, PATH)")
     r.add_argument("--json", metavar="PATH", help="write the result (pid, timings, bytes) as JSON")
 
+    i = sub.add_parser("inspect", help="show an artifact's manifest summary; --verify checks digests and gates here")
+    i.add_argument("artifact", help="artifact directory")
+    i.add_argument("--verify", action="store_true", help="check every digest and this host's compatibility gates")
+    i.add_argument("--json", action="store_true", help="print the whole manifest as JSON")
+
     sub.add_parser("run", help="standby-aware worker entrypoint: podsnap run -- CMD...", add_help=False)
 
     m = sub.add_parser("demo", help="capture -> restore -> request of the demo worker, with a timing table")
@@ -131,6 +136,46 @@ def _cmd_restore(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from podsnap.cli.progress import human_bytes
+    from podsnap.engine import EngineError, check_compat, host_facts, read_manifest, verify
+
+    path = Path(args.artifact)
+    try:
+        m = read_manifest(path)
+    except EngineError as exc:
+        print(f"podsnap inspect: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(m.to_json(), end="")
+    else:
+        src = m.source
+        gpus = ", ".join(f"{g.name} ({g.uuid})" for g in src.gpus) or "none"
+        print(f"artifact   {path}  (schema {m.schema_version}, podsnap {m.podsnap_version}, {m.created_at})")
+        print(f"source     {src.hostname}: {src.arch}, kernel {src.kernel}, {src.glibc}, driver {src.driver_version}")
+        print(f"gpus       {gpus}")
+        print(f"processes  {', '.join(f'{p.pid}/{p.ns_pid} {p.comm}' for p in m.processes)}  (host pid/ns pid)")
+        print(f"cuda pids  {list(m.cuda_pids) or 'none'}; namespaced {m.namespaced}")
+        print(f"size       {human_bytes(m.total_bytes)} in {len(m.files)} files; memory {human_bytes(m.memory_bytes)}")
+        print(f"criu       {m.criu_version}: {', '.join(m.criu_options)}")
+        if m.extra:
+            print(f"extra      {', '.join(sorted(m.extra))}")
+    if not args.verify:
+        return 0
+    try:
+        verify(path, m)
+    except EngineError as exc:
+        print(f"FAIL digests: {exc}")
+        return 1
+    print("OK   digests")
+    failures = check_compat(m, host_facts(with_gpus=bool(m.cuda_pids)))
+    for f in failures:
+        print(f"FAIL gate {f.gate}: expected {f.expected!r}, found {f.found!r}")
+    if not failures:
+        print("OK   gates: restorable on this host")
+    return 3 if failures else 0
+
+
 def _cmd_run(argv: Sequence[str]) -> int:
     try:
         from podsnap.workload.run import main as run_main
@@ -154,6 +199,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _cmd_capture(args)
     if args.command == "restore":
         return _cmd_restore(args)
+    if args.command == "inspect":
+        return _cmd_inspect(args)
     if args.command == "demo":
         from podsnap.cli.demo import run_demo
 
