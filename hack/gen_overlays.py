@@ -49,6 +49,7 @@ def render() -> list[dict[str, Any]]:
         [helm(), "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *BASE_VALUES],
         text=True,
         capture_output=True,
+        check=False,
     )
     if proc.returncode != 0:
         raise SystemExit(f"helm template failed:\n{proc.stderr}")
@@ -61,7 +62,10 @@ def file_name(doc: dict[str, Any]) -> str:
 
 def relabel(doc: dict[str, Any]) -> None:
     """Objects applied by kustomize are not managed by Helm; say so, so `helm install` can't be confused."""
-    for labels in (doc["metadata"].get("labels"), doc.get("spec", {}).get("template", {}).get("metadata", {}).get("labels")):
+    for labels in (
+        doc["metadata"].get("labels"),
+        doc.get("spec", {}).get("template", {}).get("metadata", {}).get("labels"),
+    ):
         if labels and labels.get("app.kubernetes.io/managed-by") == "Helm":
             labels["app.kubernetes.io/managed-by"] = "kustomize"
 
@@ -130,10 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         fresh = Path(tmp) / "base"
         write_base(fresh, BASE)
-        if not BASE.exists():
-            stale = ["(overlays/base missing)"]
-        else:
-            stale = stale_files(fresh, BASE)
+        stale = stale_files(fresh, BASE) if BASE.exists() else ["(overlays/base missing)"]
         if args.check:
             for name in stale:
                 print(f"stale: overlays/base/{name} (run: make overlays)", file=sys.stderr)

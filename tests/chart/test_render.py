@@ -1,0 +1,477 @@
+"""Lint and render the chart: every ci/ scenario, every object valid for Kubernetes 1.27 and 1.37,
+and the properties the design asks of each object."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from podsnap import contract
+from tests.chart.conftest import (
+    CHART,
+    FIGURES,
+    NAMESPACE,
+    SCENARIOS,
+    Doc,
+    Docs,
+    container,
+    env_of,
+    find,
+    kinds,
+    run,
+    scenario_file,
+)
+
+K8S_VERSIONS = ("1.27.0", "1.37.0")
+#: kinds from other projects' CRDs: kubernetes-validate has no schema, checked by the tests below
+FOREIGN_KINDS = {"Certificate", "Issuer", "ServiceMonitor"}
+
+
+@pytest.mark.parametrize("binary", ["helm3", "helm"])
+def test_helm_lint_strict_passes_for_every_scenario(binary: str, request: pytest.FixtureRequest) -> None:
+    helm: str = request.getfixturevalue(binary)
+    for name in SCENARIOS:
+        proc = run(
+            [helm, "lint", "--strict", str(CHART), "--namespace", NAMESPACE, "-f", str(scenario_file(name))],
+            check=False,
+        )
+        assert proc.returncode == 0, f"{binary} lint --strict -f ci/{name}-values.yaml:\n{proc.stdout}\n{proc.stderr}"
+
+
+def test_every_scenario_renders_the_expected_objects(matrix: dict[str, Docs]) -> None:
+    assert len(SCENARIOS) >= 8
+    base = kinds(matrix["default"])
+    assert base == sorted(
+        ["CustomResourceDefinition"] * 4
+        + ["ClusterRole", "ClusterRoleBinding", "ServiceAccount"] * 2
+        + ["ConfigMap", "DaemonSet", "Deployment", "MutatingWebhookConfiguration", "PersistentVolumeClaim"]
+        + ["Secret", "Service", "Service", "Service"]
+    )
+    assert "PersistentVolumeClaim" not in kinds(matrix["existing-claim"])
+    assert "CustomResourceDefinition" not in kinds(matrix["no-crds"])
+    assert kinds(matrix["service-monitor"]).count("ServiceMonitor") == 1
+    assert "Secret" not in kinds(matrix["cert-manager"]) and "Certificate" in kinds(matrix["cert-manager"])
+    assert "Issuer" not in kinds(matrix["cert-manager"]) and "Issuer" in kinds(matrix["cert-manager-selfsigned"])
+    minimal = kinds(matrix["minimal"])
+    for kind in ("MutatingWebhookConfiguration", "Secret", "Service", "ConfigMap", "ServiceAccount"):
+        assert kind not in minimal
+
+
+def test_helm3_renders_every_scenario_like_helm4(helm3: str, matrix: dict[str, Docs]) -> None:
+    from tests.chart.conftest import render
+
+    for name in SCENARIOS:
+        docs = render(helm3, "-f", str(scenario_file(name)))
+        assert kinds(docs) == kinds(matrix[name]), name
+
+
+def unique_docs(matrix: dict[str, Docs]) -> list[tuple[str, Doc]]:
+    seen: dict[str, tuple[str, Doc]] = {}
+    for name, docs in matrix.items():
+        for doc in docs:
+            seen.setdefault(json.dumps(doc, sort_keys=True), (name, doc))
+    return list(seen.values())
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_every_rendered_object_passes_kubernetes_validate_strict(version: str, matrix: dict[str, Docs]) -> None:
+    start = time.monotonic()
+    failures, foreign = [], set()
+    docs = unique_docs(matrix)
+    for scenario, doc in docs:
+        if doc["kind"] in FOREIGN_KINDS:
+            foreign.add(doc["kind"])
+            continue
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            failures.append(f"{scenario}: {doc['kind']}/{doc['metadata']['name']}: {exc}")
+    assert not failures, "\n".join(failures)
+    assert foreign == FOREIGN_KINDS
+    FIGURES[f"kubernetes-validate --strict {version}"] = (
+        f"{len(docs) - sum(d['kind'] in FOREIGN_KINDS for _, d in docs)} distinct objects in "
+        f"{time.monotonic() - start:.2f} s (no schema, checked by tests: {', '.join(sorted(foreign))})"
+    )
+
+
+def labels_of(doc: Doc) -> dict[str, str]:
+    return dict(doc["metadata"].get("labels") or {})
+
+
+def test_selectors_use_only_stable_labels(default_docs: Docs) -> None:
+    for kind, name, component in (
+        ("Deployment", "podsnap-operator", "operator"),
+        ("DaemonSet", "podsnap-agent", "agent"),
+    ):
+        doc = find(default_docs, kind, name)
+        selector = doc["spec"]["selector"]["matchLabels"]
+        assert selector == {
+            "app.kubernetes.io/name": "podsnap",
+            "app.kubernetes.io/instance": "podsnap",
+            "app.kubernetes.io/component": component,
+        }
+        pod_labels = doc["spec"]["template"]["metadata"]["labels"]
+        assert selector.items() <= pod_labels.items()
+        assert "helm.sh/chart" in labels_of(doc) and "app.kubernetes.io/version" in labels_of(doc)
+    for svc in (d for d in default_docs if d["kind"] == "Service"):
+        assert "app.kubernetes.io/version" not in svc["spec"]["selector"]
+        assert "helm.sh/chart" not in svc["spec"]["selector"]
+
+
+def test_every_object_is_labelled_and_namespaced(default_docs: Docs, matrix: dict[str, Docs]) -> None:
+    cluster_scoped = {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}
+    for doc in default_docs:
+        assert labels_of(doc)["app.kubernetes.io/part-of"] == "podsnap", doc["kind"]
+        if doc["kind"] in cluster_scoped:
+            assert "namespace" not in doc["metadata"]
+        else:
+            assert doc["metadata"]["namespace"] == NAMESPACE, doc["kind"]
+        assert len(doc["metadata"]["name"]) <= 63 or doc["kind"] == "CustomResourceDefinition"
+    for doc in matrix["overrides"]:
+        assert labels_of(doc)["team"] == "ml-platform", doc["kind"]
+        assert (
+            doc["metadata"]["name"].startswith(("snap", "gpu-checkpoints")) or doc["kind"] == "CustomResourceDefinition"
+        )
+
+
+def test_operator_is_unprivileged_with_probes_and_ports(default_docs: Docs) -> None:
+    deploy = find(default_docs, "Deployment", "podsnap-operator")
+    spec = deploy["spec"]["template"]["spec"]
+    assert deploy["spec"]["replicas"] == 1 and deploy["spec"]["strategy"]["type"] == "Recreate"
+    assert spec["serviceAccountName"] == "podsnap-operator"
+    assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] != 0
+    assert not spec.get("hostPID") and not spec.get("hostNetwork")
+    op = container(deploy, "operator")
+    assert op["command"] == ["podsnap-operator"]
+    assert op["image"] == "ghcr.io/podsnap/podsnap-operator:0.1.0"
+    sc = op["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]} and not sc.get("privileged")
+    ports = {p["name"]: p["containerPort"] for p in op["ports"]}
+    assert ports == {"health": 8081, "metrics": 8080, "webhook": 9443}
+    assert op["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert op["readinessProbe"]["httpGet"]["port"] == "health"
+    mounts = {m["mountPath"]: m["name"] for m in op["volumeMounts"]}
+    assert mounts == {"/tmp": "tmp", contract.WEBHOOK_CERT_DIR_DEFAULT: "webhook-tls"}
+    env = env_of(op)
+    assert env[contract.ENV_NAMESPACE] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env[contract.ENV_WEBHOOK_CERT_DIR] == contract.WEBHOOK_CERT_DIR_DEFAULT
+    assert env[contract.ENV_WEBHOOK_PORT] == "9443" and env[contract.ENV_WEBHOOK_PATH] == "/mutate-pods"
+    assert env[contract.ENV_SECCOMP_PROFILE] == "podsnap/block-io-uring.json"
+    assert env[contract.ENV_ARTIFACT_CLAIM] == "podsnap-artifacts"
+    assert env[contract.ENV_WEBHOOK_CONFIGURATION] == "podsnap-webhook"
+
+
+def test_agent_is_privileged_host_pid_on_gpu_nodes(default_docs: Docs) -> None:
+    ds = find(default_docs, "DaemonSet", "podsnap-agent")
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["hostPID"] is True
+    assert spec["serviceAccountName"] == "podsnap-agent"
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    assert spec["priorityClassName"] == "system-node-critical"
+    assert "runtimeClassName" not in spec
+    agent = container(ds, "agent")
+    assert agent["command"] == ["podsnap-agent"] and agent["securityContext"]["privileged"] is True
+    env = env_of(agent)
+    assert env[contract.ENV_NODE_NAME] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env[contract.ENV_ARTIFACT_ROOT] == contract.ARTIFACT_ROOT_DEFAULT
+    assert env[contract.ENV_RUNTIME_SOCKET] == "/run/containerd/containerd.sock"
+    assert env[contract.ENV_RUNTIME_TYPE] == "containerd"
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in agent["volumeMounts"]}
+    assert mounts["artifacts"] == contract.ARTIFACT_ROOT_DEFAULT
+    assert volumes["artifacts"]["persistentVolumeClaim"] == {"claimName": "podsnap-artifacts"}
+    host_paths = {v["hostPath"]["path"]: mounts[n] for n, v in volumes.items() if "hostPath" in v}
+    assert host_paths == {
+        "/run/containerd/containerd.sock": "/run/containerd/containerd.sock",
+        "/var/lib/containerd": "/var/lib/containerd",
+        "/run": "/host/run",
+        "/sys/fs/cgroup": "/host/sys/fs/cgroup",
+        "/var/lib/kubelet/pods": "/host/kubelet/pods",
+        "/var/lib/kubelet/seccomp": "/host/kubelet/seccomp",
+    }
+    for name, path in mounts.items():
+        if path.startswith("/host/") or name == "runtime-root":
+            env_values = set(map(str, env.values()))
+            assert any(v == path for v in env_values), f"mount {path} not passed to the agent in its env"
+
+
+def test_only_the_agent_mounts_the_artifact_claim(matrix: dict[str, Docs]) -> None:
+    for name, docs in matrix.items():
+        for doc in docs:
+            if doc["kind"] not in ("Deployment", "DaemonSet"):
+                continue
+            claims = [v for v in doc["spec"]["template"]["spec"].get("volumes", []) if "persistentVolumeClaim" in v]
+            if doc["kind"] == "DaemonSet":
+                assert len(claims) == 1, name
+            else:
+                assert not claims, f"{name}: {doc['metadata']['name']} mounts the artifact claim"
+
+
+def test_env_names_passed_to_the_components_are_contract_names(matrix: dict[str, Docs]) -> None:
+    known = {v for k, v in vars(contract).items() if k.startswith("ENV_") and isinstance(v, str)}
+    for name, docs in matrix.items():
+        for doc in docs:
+            if doc["kind"] in ("Deployment", "DaemonSet"):
+                for c in doc["spec"]["template"]["spec"]["containers"]:
+                    extra = {"PODSNAP_POLL_INTERVAL"} if name == "overrides" else set()
+                    assert set(env_of(c)) - known - extra == set(), f"{name}: {c['name']} env not in contract.py"
+
+
+def test_runtime_socket_and_root_follow_runtime_type(matrix: dict[str, Docs]) -> None:
+    ds = find(matrix["cri-o"], "DaemonSet", "podsnap-agent")
+    env = env_of(container(ds, "agent"))
+    assert env[contract.ENV_RUNTIME_TYPE] == "cri-o"
+    assert env[contract.ENV_RUNTIME_SOCKET] == "/var/run/crio/crio.sock"
+    assert env[contract.ENV_RUNTIME_ROOT] == "/var/lib/containers/storage"
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["runtimeClassName"] == "nvidia"
+    paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert paths["runtime-socket"] == "/var/run/crio/crio.sock"
+    assert paths["kubelet-pods"] == "/var/data/kubelet/pods" and paths["seccomp-dir"] == "/var/data/kubelet/seccomp"
+
+
+def test_custom_socket_path_is_mounted_and_passed(helm_template: Any) -> None:
+    docs = helm_template("--set", "runtime.socketPath=/custom/containerd.sock")
+    ds = find(docs, "DaemonSet", "podsnap-agent")
+    assert env_of(container(ds, "agent"))[contract.ENV_RUNTIME_SOCKET] == "/custom/containerd.sock"
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["runtime-socket"]["hostPath"] == {"path": "/custom/containerd.sock", "type": "Socket"}
+
+
+def test_seccomp_profile_blocks_io_uring_and_is_installed_by_the_agent(
+    default_docs: Docs, matrix: dict[str, Docs]
+) -> None:
+    cm = find(default_docs, "ConfigMap", "podsnap-seccomp")
+    profile = json.loads(cm["data"]["profile.json"])
+    assert profile["defaultAction"] == "SCMP_ACT_ALLOW"
+    (rule,) = profile["syscalls"]
+    assert set(rule["names"]) == {"io_uring_setup", "io_uring_enter", "io_uring_register"}
+    assert rule["action"] == "SCMP_ACT_ERRNO"
+    init = container(find(default_docs, "DaemonSet", "podsnap-agent"), "install-seccomp-profile")
+    assert "/host/kubelet/seccomp/podsnap/block-io-uring.json" in init["command"][-1]
+    minimal = find(matrix["minimal"], "DaemonSet", "podsnap-agent")
+    assert "initContainers" not in minimal["spec"]["template"]["spec"]
+    assert env_of(container(minimal, "agent"))[contract.ENV_SECCOMP_PROFILE] == ""
+
+
+def test_pvc_is_kept_and_sized(default_docs: Docs, matrix: dict[str, Docs]) -> None:
+    pvc = find(default_docs, "PersistentVolumeClaim", "podsnap-artifacts")
+    assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert pvc["spec"]["resources"]["requests"]["storage"] == "100Gi"
+    assert "storageClassName" not in pvc["spec"]
+    custom = find(matrix["overrides"], "PersistentVolumeClaim", "gpu-checkpoints")
+    assert (
+        custom["spec"]["storageClassName"] == "efs-sc" and custom["spec"]["resources"]["requests"]["storage"] == "1Ti"
+    )
+    ds = find(matrix["existing-claim"], "DaemonSet", "podsnap-agent")
+    claims = [
+        v["persistentVolumeClaim"]["claimName"]
+        for v in ds["spec"]["template"]["spec"]["volumes"]
+        if "persistentVolumeClaim" in v
+    ]
+    assert claims == ["podsnap-shared-artifacts"]
+
+
+def test_storage_class_dash_means_no_class(helm_template: Any) -> None:
+    pvc = find(helm_template("--set", "storage.pvc.storageClass=-"), "PersistentVolumeClaim")
+    assert pvc["spec"]["storageClassName"] == ""
+
+
+def rules(doc: Doc) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for rule in doc["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                out.setdefault((group, resource), set()).update(rule["verbs"])
+    return out
+
+
+def test_rbac_is_split_by_component_with_least_privilege(default_docs: Docs) -> None:
+    op = rules(find(default_docs, "ClusterRole", "podsnap-operator"))
+    agent = rules(find(default_docs, "ClusterRole", "podsnap-agent"))
+    for plural in (p for p, *_ in contract.CRDS.values()):
+        assert {"get", "list", "watch", "create", "patch", "delete"} <= op[("podsnap.io", plural)]
+        assert {"patch", "update"} <= op[("podsnap.io", f"{plural}/status")]
+        assert op[("podsnap.io", f"{plural}/finalizers")] == {"update"}
+    assert op[("batch", "jobs")] >= {"create", "delete", "watch"}
+    assert op[("apps", "deployments")] == {"get", "list", "watch", "patch"}
+    assert op[("", "events")] == {"create", "patch"}
+    assert ("", "secrets") not in op and ("", "secrets") not in agent
+    hook_rule = next(
+        r
+        for r in find(default_docs, "ClusterRole", "podsnap-operator")["rules"]
+        if "mutatingwebhookconfigurations" in r["resources"]
+    )
+    assert hook_rule["resourceNames"] == ["podsnap-webhook"] and set(hook_rule["verbs"]) == {"get", "patch"}
+    assert agent[("podsnap.io", "podsnapshotcontents")] == {"get", "list", "watch", "patch"}
+    assert {"patch"} <= agent[("podsnap.io", "podsnapshotcontents/status")]
+    assert agent[("podsnap.io", "podsnapshots")] == {"get", "list", "watch"}
+    assert agent[("", "pods")] == {"get", "list", "watch", "patch"} and agent[("", "pods/status")] == {"patch"}
+    assert agent[("", "nodes")] == {"get"}
+    for verbs in list(op.values()) + list(agent.values()):
+        assert "*" not in verbs and "escalate" not in verbs and "bind" not in verbs
+    for name, sa in (("podsnap-operator", "podsnap-operator"), ("podsnap-agent", "podsnap-agent")):
+        binding = find(default_docs, "ClusterRoleBinding", name)
+        assert binding["roleRef"]["name"] == name
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]
+
+
+def test_webhook_ignores_failures_and_skips_own_namespace(default_docs: Docs, matrix: dict[str, Docs]) -> None:
+    mwc = find(default_docs, "MutatingWebhookConfiguration", "podsnap-webhook")
+    (hook,) = mwc["webhooks"]
+    assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
+    assert 1 <= hook["timeoutSeconds"] <= 30
+    assert hook["rules"] == [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE"],
+            "resources": ["pods"],
+            "scope": "Namespaced",
+        }
+    ]
+    assert hook["clientConfig"]["service"] == {
+        "name": "podsnap-webhook",
+        "namespace": NAMESPACE,
+        "path": "/mutate-pods",
+        "port": 443,
+    }
+    exprs = {e["key"]: e for e in hook["namespaceSelector"]["matchExpressions"]}
+    assert exprs["kubernetes.io/metadata.name"]["operator"] == "NotIn"
+    assert NAMESPACE in exprs["kubernetes.io/metadata.name"]["values"]
+    assert exprs[contract.LABEL_WEBHOOK] == {
+        "key": contract.LABEL_WEBHOOK,
+        "operator": "NotIn",
+        "values": [contract.LABEL_WEBHOOK_DISABLED_VALUE],
+    }
+    svc = find(default_docs, "Service", "podsnap-webhook")
+    assert svc["spec"]["ports"] == [{"name": "https", "port": 443, "targetPort": "webhook", "protocol": "TCP"}]
+    assert svc["spec"]["selector"]["app.kubernetes.io/component"] == "operator"
+    over = find(matrix["overrides"], "MutatingWebhookConfiguration")["webhooks"][0]
+    assert (
+        over["timeoutSeconds"] == 10
+        and over["objectSelector"]["matchExpressions"][0]["key"] == "podsnap.io/snapshot-policy"
+    )
+
+
+def test_self_signed_webhook_tls_is_consistent(default_docs: Docs) -> None:
+    import base64
+
+    from cryptography import x509
+
+    secret = find(default_docs, "Secret", "podsnap-webhook-tls")
+    assert secret["type"] == "kubernetes.io/tls"
+    ca_pem = base64.b64decode(secret["data"]["ca.crt"])
+    ca_bundle = find(default_docs, "MutatingWebhookConfiguration")["webhooks"][0]["clientConfig"]["caBundle"]
+    assert base64.b64decode(ca_bundle) == ca_pem
+    ca = x509.load_pem_x509_certificate(ca_pem)
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    assert cert.issuer == ca.subject
+    ca.public_key().verify(  # type: ignore[union-attr,call-arg]
+        cert.signature, cert.tbs_certificate_bytes, *_padding_and_hash(cert)
+    )
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert f"podsnap-webhook.{NAMESPACE}.svc" in names
+
+
+def _padding_and_hash(cert: Any) -> tuple[Any, ...]:
+    from cryptography.hazmat.primitives.asymmetric import padding
+
+    return (padding.PKCS1v15(), cert.signature_hash_algorithm)
+
+
+def test_cert_manager_scenarios(matrix: dict[str, Docs]) -> None:
+    cm = matrix["cert-manager"]
+    cert = find(cm, "Certificate", "podsnap-webhook")
+    assert cert["spec"]["secretName"] == "podsnap-webhook-tls"
+    assert cert["spec"]["issuerRef"] == {"kind": "ClusterIssuer", "name": "internal-ca", "group": "cert-manager.io"}
+    assert f"podsnap-webhook.{NAMESPACE}.svc" in cert["spec"]["dnsNames"]
+    mwc = find(cm, "MutatingWebhookConfiguration")
+    assert mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/podsnap-webhook"
+    assert "caBundle" not in mwc["webhooks"][0]["clientConfig"]
+    own = matrix["cert-manager-selfsigned"]
+    assert find(own, "Issuer")["spec"] == {"selfSigned": {}}
+    assert find(own, "Certificate")["spec"]["issuerRef"]["name"] == find(own, "Issuer")["metadata"]["name"]
+
+
+def test_service_monitor_scrapes_operator_and_agents(matrix: dict[str, Docs]) -> None:
+    docs = matrix["service-monitor"]
+    sm = find(docs, "ServiceMonitor")
+    assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    (endpoint,) = sm["spec"]["endpoints"]
+    assert endpoint["port"] == "metrics" and endpoint["interval"] == "15s"
+    selected = [
+        d for d in docs
+        if d["kind"] == "Service"
+        and sm["spec"]["selector"]["matchLabels"].items() <= labels_of(d).items()
+        and labels_of(d)["app.kubernetes.io/component"] in sm["spec"]["selector"]["matchExpressions"][0]["values"]
+    ]  # fmt: skip
+    assert sorted(d["metadata"]["name"] for d in selected) == ["podsnap-agent-metrics", "podsnap-operator-metrics"]
+    assert all(any(p["name"] == "metrics" for p in d["spec"]["ports"]) for d in selected)
+    assert find(docs, "Service", "podsnap-agent-metrics")["spec"]["clusterIP"] == "None"
+
+
+def test_overrides_scenario_applies_images_ports_and_scheduling(matrix: dict[str, Docs]) -> None:
+    docs = matrix["overrides"]
+    op = container(find(docs, "Deployment", "snap-operator"), "operator")
+    assert op["image"] == "registry.example.com:5000/ml/podsnap-operator@sha256:" + "0123456789abcdef" * 4
+    assert env_of(op)[contract.ENV_LOG_LEVEL] == "debug" and env_of(op)[contract.ENV_METRICS_PORT] == "9400"
+    assert {p["name"]: p["containerPort"] for p in op["ports"]} == {"health": 9090, "metrics": 9400, "webhook": 10443}
+    ds = find(docs, "DaemonSet", "snap-agent")
+    agent = container(ds, "agent")
+    assert (
+        agent["image"] == "registry.example.com:5000/ml/podsnap-agent:0.1.0-rc1"
+        and agent["imagePullPolicy"] == "Always"
+    )
+    assert agent["resources"]["limits"]["memory"] == "64Gi" and agent["args"] == ["--verbose"]
+    assert ds["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert ds["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    assert find(docs, "Service", "snap-webhook")["spec"]["selector"]["app.kubernetes.io/component"] == "operator"
+
+
+def test_local_cluster_scenario(matrix: dict[str, Docs]) -> None:
+    docs = matrix["local-cluster"]
+    ds = find(docs, "DaemonSet", "podsnap-agent")
+    spec = ds["spec"]["template"]["spec"]
+    assert "nodeSelector" not in spec and "priorityClassName" not in spec
+    assert container(ds, "agent")["image"] == "localhost/podsnap-agent:dev"
+    assert container(ds, "agent")["imagePullPolicy"] == "Never"
+    pvc = find(docs, "PersistentVolumeClaim")
+    assert pvc["spec"]["storageClassName"] == "podsnap-local" and pvc["spec"]["accessModes"] == ["ReadWriteOnce"]
+
+
+def test_notes_warn_first_then_say_what_to_check(helm: str) -> None:
+    proc = run(
+        [
+            helm,
+            "install",
+            "podsnap",
+            str(CHART),
+            "--dry-run=client",
+            "-n",
+            NAMESPACE,
+            "--set",
+            "crds.keep=false",
+            "--set",
+            "agent.nodeSelector=null",
+        ]
+    )
+    notes = proc.stdout.split("NOTES:", 1)[1]
+    assert notes.lstrip().startswith("WARNINGS")
+    assert notes.index("crds.keep=false") < notes.index("rollout status")
+    assert "agent.nodeSelector is empty" in notes
+    for line in (
+        "kubectl -n podsnap-system rollout status deployment/podsnap-operator",
+        "kubectl -n podsnap-system rollout status daemonset/podsnap-agent",
+        "kubectl get crd snapshotjobs.podsnap.io podsnapshots.podsnap.io",
+    ):
+        assert line in notes
+    quiet = run([helm, "install", "podsnap", str(CHART), "--dry-run=client", "-n", NAMESPACE]).stdout
+    assert "WARNINGS" not in quiet.split("NOTES:", 1)[1]
