@@ -155,6 +155,7 @@ def capture(
                 monitor=monitor,
             )
             dumped = True
+            timer.set_done(phase, _dir_bytes(images))
         if not opts.leave_running:
             # CRIU killed the tree; its PIDs are free for a restore only once the parent reaped them
             with timer.phase("reap"):

@@ -111,6 +111,7 @@ class Timer:
         self.timings: dict[str, float] = {}
         self.progress = progress
         self._t0 = time.perf_counter()
+        self._done: dict[str, int] = {}
 
     def report(self, phase: str, done: int = 0, total: int = 0, *, finished: bool = False, start: float = 0.0) -> None:
         if self.progress is not None:
@@ -119,13 +120,19 @@ class Timer:
 
     @contextmanager
     def phase(self, name: str, total: int = 0) -> Iterator[float]:
+        """Time a phase; its last report says `total` bytes done unless `set_done` said otherwise."""
         start = time.perf_counter()
+        self._done[name] = total
         self.report(name, 0, total, start=start)
         try:
             yield start
         finally:
             self.timings[name] = self.timings.get(name, 0.0) + (time.perf_counter() - start) * 1000
-        self.report(name, total, total, finished=True, start=start)
+        done = self._done.pop(name, total)
+        self.report(name, done, done, finished=True, start=start)
+
+    def set_done(self, name: str, done: int) -> None:
+        self._done[name] = done
 
     def finish(self) -> dict[str, float]:
         self.timings["total"] = (time.perf_counter() - self._t0) * 1000
