@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -100,7 +99,6 @@ def restore(
     work = opts.work_dir or Path(tempfile.mkdtemp(prefix="podsnap-restore-"))
     restored: list[int] = []
     phase = "criu_restore"
-    ok = False
     try:
         with timer.phase(phase, manifest.memory_bytes) as start:
 
@@ -140,7 +138,6 @@ def restore(
             with timer.phase(phase):
                 for host_pid in cuda_new:
                     cp.unlock(host_pid)
-        ok = True
         return RestoreResult(
             pid=root_host,
             ns_pid=root_ns,
@@ -159,9 +156,6 @@ def restore(
             raise
         raise RestoreError(str(exc), phase=phase) from exc
     finally:
-        if opts.work_dir is None and ok:
+        # a failure's CRIU log tail is already in the error; pass work_dir to keep the whole log
+        if opts.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
-        elif opts.work_dir is None:
-            # keep CRIU's restore.log of a failure for the operator, but not forever in /tmp clutter
-            with contextlib.suppress(OSError):
-                (work / "FAILED").write_text("restore failed; restore.log is here\n")
