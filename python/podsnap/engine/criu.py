@@ -20,10 +20,12 @@ PR_SET_MM_MAP gets EBUSY. A static CRIU build would lift the glibc requirement.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import shutil
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -36,6 +38,8 @@ from podsnap.engine.errors import CriuError
 MIN_MAJOR = 4
 REPO_ROOT = Path(__file__).resolve().parents[3]
 LOG_TAIL_LINES = 30
+#: libraries that must come from the container itself (they must match its dynamic loader)
+GLIBC_LIB = re.compile(r"/(libc|libm|libpthread|libdl|librt|libresolv|ld-linux[^/]*)[.-]")
 
 TcpMode = Literal["established", "close"]
 CgroupMode = Literal["soft", "ignore", "full", "strict", "props", "none"]
@@ -225,6 +229,7 @@ class Criu:
     def __init__(self, binary: CriuBinary | None = None) -> None:
         self.binary = binary or find_binary()
         self._version: str | None = None
+        self._ns_libs: Path | None = None
 
     def _host_cmd(self, *args: str) -> list[str]:
         return [str(self.binary.exe), *args]
@@ -252,6 +257,45 @@ class Criu:
                 )
             self._version = ".".join(g for g in m.groups() if g is not None)
         return self._version
+
+    def namespace_lib_dir(self) -> Path | None:
+        """A directory with every library CRIU needs beyond glibc, to reach it inside a container.
+
+        The bundle's `lib/` when there is one; otherwise (e.g. a distribution's criu) the libraries `ldd`
+        resolves here are copied once into a private cache dir, since the container has none of them
+        and only glibc may come from the container (its loader must match its libc).
+        """
+        if self.binary.lib_dir is not None:
+            return self.binary.lib_dir
+        if self._ns_libs is None:
+            out = subprocess.run(
+                ["ldd", str(self.binary.exe)],
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=30,
+                env=self.binary.env(),
+            )
+            libs = [
+                Path(parts[2])
+                for parts in (line.split() for line in out.stdout.splitlines())
+                if len(parts) >= 3 and parts[1] == "=>" and parts[2].startswith("/") and not GLIBC_LIB.search(parts[2])
+            ]
+            missing = [line.split()[0] for line in out.stdout.splitlines() if "not found" in line]
+            if missing:
+                raise CriuError(f"{self.binary.exe} needs libraries not found here: {', '.join(missing)}")
+            st = self.binary.exe.stat()
+            key = f"{self.binary.exe}:{st.st_size}:{st.st_mtime_ns}".encode()
+            cache = Path(tempfile.gettempdir()) / f"podsnap-criu-libs-{hashlib.sha256(key).hexdigest()[:12]}"
+            if not cache.is_dir():
+                stage = Path(tempfile.mkdtemp(prefix=cache.name + ".", dir=cache.parent))
+                for lib in libs:
+                    shutil.copy2(lib, stage / lib.name)
+                with contextlib.suppress(OSError):  # a concurrent copy may have won; either is complete
+                    stage.rename(cache)
+                shutil.rmtree(stage, ignore_errors=True)
+            self._ns_libs = cache
+        return self._ns_libs
 
     def check(self) -> tuple[bool, str]:
         """`criu check`: (passed, its output)."""
@@ -284,8 +328,9 @@ class Criu:
         with contextlib.suppress(FileNotFoundError):
             log.unlink()
         dirs = [self.binary.exe.parent, images_dir, work_dir]
-        if self.binary.lib_dir is not None:
-            dirs.append(self.binary.lib_dir)
+        ns_libs = self.namespace_lib_dir() if namespace_pid is not None else None
+        if ns_libs is not None:
+            dirs.append(ns_libs)
         with _dir_fds(dirs if namespace_pid is not None else []) as fds:
             if namespace_pid is None:
                 exe, img, wrk, lib = str(self.binary.exe), str(images_dir), str(work_dir), None
@@ -295,7 +340,7 @@ class Criu:
                     raise CriuError(f"{self.binary.exe} is a wrapper script: namespace mode needs the CRIU ELF")
                 exe = f"/proc/self/fd/{fds[0]}/{self.binary.exe.name}"
                 img, wrk = f"/proc/self/fd/{fds[1]}", f"/proc/self/fd/{fds[2]}"
-                lib = f"/proc/self/fd/{fds[3]}" if self.binary.lib_dir is not None else None
+                lib = f"/proc/self/fd/{fds[3]}" if ns_libs is not None else None
                 prefix = ["nsenter", "-t", str(namespace_pid), "-m", "-u", "-i", "-n", "-p", "--"]
             cmd = [
                 *prefix,
