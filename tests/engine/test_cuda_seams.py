@@ -108,3 +108,22 @@ def test_cuda_restore_failure_kills_the_restored_process(criu: Criu, worker: Wor
     assert proctree.wait_gone(worker.pid, timeout_s=10), "no half-restored process left running"
     with pytest.raises(OSError):
         http_get(worker.port, timeout=1)
+
+
+def test_leave_running_keeps_the_source_serving_and_resumes_its_cuda_state(
+    criu: Criu, worker: Worker, tmp_path: Path
+) -> None:
+    from podsnap.engine import CaptureOptions
+
+    fake = FakeCuda([worker.pid])
+    capture(worker.pid, tmp_path / "art", CaptureOptions(leave_running=True), cuda=fake, criu=criu)
+    assert fake.calls == [
+        ("lock", worker.pid),
+        ("checkpoint", worker.pid),
+        ("restore", worker.pid),
+        ("unlock", worker.pid),
+    ]
+    assert http_get(worker.port)["init_id"] == worker.init_id, "the source still serves"
+    worker.kill()
+    restore(tmp_path / "art", cuda=FakeCuda(), criu=criu)
+    assert http_get(worker.port)["init_id"] == worker.init_id
