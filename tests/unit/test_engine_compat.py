@@ -82,3 +82,10 @@ def test_gpu_pairs_keep_present_uuids_and_map_others_by_index() -> None:
     other = dataclasses.replace(SRC, gpus=(GpuInfo(0, "GPU-x0", H200), GpuInfo(1, "GPU-x1", H200)))
     assert gpu_pairs(m, other, None) == [("GPU-bb", "GPU-x0")]
     assert gpu_pairs(m, other, {"GPU-bb": "GPU-x1"}) == [("GPU-bb", "GPU-x1")]
+
+
+def test_memory_limit_gate_applies_when_the_caller_knows_the_limit() -> None:
+    m = _manifest(pages=1 << 30)
+    assert check(m, SRC) == []
+    assert [f.gate for f in check(m, SRC, memory_limit_bytes=1 << 29)] == ["memory-limit"]
+    assert check(m, SRC, memory_limit_bytes=2 << 30) == []

@@ -10,6 +10,7 @@ digest check is not a gate and is never skipped by it).
   gpu-model     product name of every GPU the source used, present here
   gpu-count     at least as many GPUs as the source used
   memory        MemAvailable >= the dumped pages (GPU memory included) plus a margin
+  memory-limit  the destination container's memory limit (when the caller knows it) >= the same
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def _source_gpu_names(manifest: Manifest) -> list[str]:
     return [g.name for g in gpus]
 
 
-def check(manifest: Manifest, host: HostFacts) -> list[GateFailure]:
+def check(manifest: Manifest, host: HostFacts, *, memory_limit_bytes: int | None = None) -> list[GateFailure]:
     """Every gate that refuses this host (empty when the restore may proceed)."""
     src = manifest.source
     out: list[GateFailure] = []
@@ -69,12 +70,23 @@ def check(manifest: Manifest, host: HostFacts) -> list[GateFailure]:
         out.append(
             GateFailure("memory", f">= {need} bytes available", f"{host.mem_available_bytes} bytes", "free host memory")
         )
+    if memory_limit_bytes is not None and memory_limit_bytes < need:
+        out.append(
+            GateFailure(
+                "memory-limit",
+                f">= {need} bytes",
+                f"{memory_limit_bytes} bytes",
+                "raise the restore container's memory limit to at least the source's",
+            )
+        )
     return out
 
 
-def enforce(manifest: Manifest, host: HostFacts, *, skip: bool = False) -> list[GateFailure]:
+def enforce(
+    manifest: Manifest, host: HostFacts, *, skip: bool = False, memory_limit_bytes: int | None = None
+) -> list[GateFailure]:
     """Raise the first gate's CompatibilityError unless `skip`; return the failures (all skipped ones too)."""
-    failures = check(manifest, host)
+    failures = check(manifest, host, memory_limit_bytes=memory_limit_bytes)
     if failures and not skip:
         raise failures[0].error()
     return failures

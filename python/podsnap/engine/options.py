@@ -61,6 +61,8 @@ class RestoreOptions:
     #: in namespace mode, join `namespace_pid`'s cgroups before CRIU forks the tree
     join_cgroups: bool = True
     skip_compat: bool = False
+    #: the destination container's memory limit, when known: gate `memory-limit`
+    memory_limit_bytes: int | None = None
     criu: CriuOptions = field(default_factory=CriuOptions)
     #: old GPU UUID -> new GPU UUID; None: keep UUIDs present here, else pair by index
     gpu_map: Mapping[str, str] | None = None

@@ -76,7 +76,7 @@ def restore(
         )
     with timer.phase("compat"):
         host = host_facts(with_gpus=bool(manifest.cuda_pids))
-        skipped = compat.enforce(manifest, host, skip=opts.skip_compat)
+        skipped = compat.enforce(manifest, host, skip=opts.skip_compat, memory_limit_bytes=opts.memory_limit_bytes)
         busy = [p.ns_pid for p in manifest.processes if _pid_taken(p.ns_pid, opts.namespace_pid)]
         if busy:
             where = f"the PID namespace of {opts.namespace_pid}" if namespaced else "this host"
