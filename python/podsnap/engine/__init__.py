@@ -14,7 +14,8 @@ Capture (host PIDs; CRIU >= 4 found via PODSNAP_CRIU, .tools/bin/criu, PATH)::
 
     Steps: cuInit(0); Lock(30 s) + Checkpoint every CUDA pid of the tree; CRIU dump into a staging dir
     next to `out`; manifest (host facts, tree, CUDA pids, per-file sha256); fsync; rename to `out`.
-    CRIU's dump ends the source. On any failure before that, CUDA is restored + unlocked so the source
+    CRIU's dump ends the source (`leave_running=True` keeps it: CUDA is restored + unlocked after the
+    dump). On any failure before that, CUDA is restored + unlocked so the source
     keeps serving, the staging dir is removed, and CaptureError(phase=..., source_alive=...) is raised.
 
 Restore::
@@ -28,7 +29,8 @@ Restore::
     result.pid, result.ns_pid, result.pids, result.timings_ms, result.bytes_total, result.skipped_gates
 
     Steps: verify every file's size + sha256 (ArtifactError names the file); gates arch, kernel, driver,
-    gpu-model, gpu-count, memory (CompatibilityError(gate, expected, found)); CRIU restore -d with a
+    gpu-model, gpu-count, memory, memory-limit (when `memory_limit_bytes` is given)
+    (CompatibilityError(gate, expected, found)); CRIU restore -d with a
     pidfile; CUDA Restore + Unlock. Any failure kills what was restored and raises RestoreError.
 
 Both take `progress=callable(Progress)` (phase, done, total bytes, finished) for long phases, and
@@ -41,9 +43,12 @@ files (a rootfs diff, weight shards for a fast path) that are digested and verif
 
 Namespace mode (pods): CRIU runs via `nsenter -t namespace_pid -m -u -i -n -p`; CRIU, its libraries,
 the images and the work dir reach it only as inherited O_PATH directory fds (`/proc/self/fd/N/...`),
-never mounted where the workload could see them. The worker must not be PID 1 of its container
-(refused at capture). The restore joins namespace_pid's cgroups and lands under its PID 1 with the same
-namespace PIDs; `RestoreResult.pid` is the host PID.
+never mounted where the workload could see them. `pid` stays a host PID; the captured root must not
+be PID 1 of its PID namespace (refused at capture: that PID is never free in a destination). The
+restore joins namespace_pid's cgroups; the tree comes back with the same namespace PIDs (which must be
+free there: checked first) and is re-parented to that PID namespace's PID 1, so a placeholder that is
+its container's PID 1 (e.g. `podsnap-run` standby without shareProcessNamespace) becomes the parent.
+`RestoreResult.pid` is the host PID, `.ns_pid` the namespace PID.
 
 Errors (see `podsnap.engine.errors`): EngineError > CriuError, CudaError, ArtifactError,
 CompatibilityError, CaptureError, RestoreError.
