@@ -3,6 +3,7 @@
 podsnap doctor                         what this host can and cannot do (exit 1 on any FAIL)
 podsnap capture --pid P --out DIR      checkpoint process tree P into artifact DIR (ends P)
 podsnap restore DIR                    restore it; prints the new PID (--skip-compat-check to override gates)
+podsnap inspect DIR [--verify]         an artifact's source, processes, size; digests and gates checked here
 podsnap run -- CMD...                  the standby-aware worker entrypoint (same as podsnap-run)
 podsnap demo                           start the demo worker, capture, restore, compare, print timings
 """
