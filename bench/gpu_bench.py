@@ -165,6 +165,12 @@ def main() -> int:
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
     ap.add_argument("--scratch", type=Path, default=Path("/dev/shm/podsnap-bench"), help="weights file + artifacts")
     ap.add_argument("--out", type=Path, default=None, help="JSON file (default $OUT/bench.json or bench/results/)")
+    ap.add_argument(
+        "--thp",
+        choices=("keep", "always", "madvise", "never"),
+        default="keep",
+        help="set transparent huge pages for the run (this machine's kernel; restored afterwards)",
+    )
     ap.add_argument("--budget-s", type=float, default=420.0, help="skip cases that would start after this many s")
     ap.add_argument(
         "--drop-file-from-gib",
@@ -194,10 +200,26 @@ def main() -> int:
         "cases": [],
     }
 
+    thp_file = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    thp_before = None
+    if a.thp != "keep":
+        thp_before = thp_file.read_text().split("[")[1].split("]")[0]
+        thp_file.write_text(a.thp)
+        doc["machine"]["thp"] = thp_file.read_text().strip()
+    print(json.dumps(doc["machine"], indent=1), flush=True)
+    try:
+        return run_cases(a, doc, out, sizes=sizes, variants=variants, t_start=t_start)
+    finally:
+        if thp_before is not None:
+            thp_file.write_text(thp_before)
+
+
+def run_cases(
+    a: argparse.Namespace, doc: dict[str, Any], out: Path, *, sizes: list[float], variants: list[str], t_start: float
+) -> int:
     def save() -> None:
         out.write_text(json.dumps(doc, indent=1))
 
-    print(json.dumps(doc["machine"], indent=1), flush=True)
     doc["pinned_h2d_GBps"] = pinned_h2d_gbps()
     print(f"pinned host->device: {doc['pinned_h2d_GBps']:.1f} GB/s", flush=True)
     save()
