@@ -70,3 +70,13 @@ def test_inspect_shows_the_source_and_verifies(tmp_path: Path, capsys: pytest.Ca
     (tmp_path / "a" / "criu" / "pages-1.img").write_bytes(b"q" * 10)
     assert main(["inspect", str(tmp_path / "a"), "--verify"]) == 1
     assert "FAIL digests" in capsys.readouterr().out
+
+
+def test_capture_refuses_extra_that_is_not_json_before_touching_anything(tmp_path: Path) -> None:
+    import os
+
+    from podsnap.engine import CaptureError, CaptureOptions, capture
+
+    with pytest.raises(CaptureError, match="JSON-serializable"):
+        capture(os.getpid(), tmp_path / "a", CaptureOptions(extra={"x": object()}))
+    assert not (tmp_path / "a").exists()

@@ -87,6 +87,12 @@ def capture(
                 raise CaptureError(f"no process with pid {pid}", phase=phase, source_alive=False) from exc
             root = tree[0]
             criu_pid = pid
+            try:
+                json.dumps(dict(opts.extra))
+            except (TypeError, ValueError) as exc:
+                raise CaptureError(
+                    f"options.extra must be JSON-serializable: {exc}", phase=phase, source_alive=True
+                ) from exc
             if opts.namespace_pid is not None:
                 if proctree.pid_ns(pid) != proctree.pid_ns(opts.namespace_pid):
                     raise CaptureError(
@@ -135,7 +141,7 @@ def capture(
                     cp.checkpoint(p)
                     checkpointed.append(p)
             # GPU memory now lives in the process's host memory: that is what CRIU will write
-            mem_estimate = _rss_bytes(list(cuda_map)) + mem_estimate
+            mem_estimate = _rss_bytes([p.pid for p in tree])
         phase = "criu_dump"
         net_inode = Path(f"/proc/{pid}/ns/net").stat().st_ino if opts.criu.external_net_ns else None
         with timer.phase(phase, mem_estimate) as start:
