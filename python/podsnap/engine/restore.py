@@ -148,11 +148,11 @@ def restore(
             cuda_pids=tuple(cuda_new),
             skipped_gates=tuple(skipped),
         )
-    except (EngineError, OSError) as exc:
-        # never leave a half-restored process serving
+    except BaseException as exc:
+        # never leave a half-restored process serving, even when interrupted
         # (a failed CRIU restore has already killed its partial tree itself)
         proctree.kill_tree(restored)
-        if isinstance(exc, RestoreError):
+        if isinstance(exc, RestoreError) or not isinstance(exc, EngineError | OSError):
             raise
         raise RestoreError(str(exc), phase=phase) from exc
     finally:
