@@ -5,6 +5,7 @@ export PATH := $(ROOT)/.tools/bin:$(ROOT)/.venv/bin:$(PATH)
 PY := $(ROOT)/.venv/bin/python
 PYTEST := $(PY) -m pytest
 PYTEST_ARGS ?=
+DEMO_ARGS ?=
 
 .PHONY: help setup setup-python lint fmt test test-unit test-chart test-engine test-operator test-e2e \
         overlays demo bench-gpu cluster-up cluster-down kind-up kind-down images clean
@@ -49,7 +50,7 @@ test-e2e: setup cluster-up ## the user's flow on the local single-node Kubernete
 	$(PYTEST) -m cluster tests/e2e $(PYTEST_ARGS)
 
 demo: setup ## capture -> restore -> request of the demo worker on this host, with a timing table
-	$(ROOT)/.venv/bin/podsnap demo
+	$(ROOT)/.venv/bin/podsnap demo $(DEMO_ARGS)
 
 bench-gpu: ## on the GPU machine: cold start vs restore at 1, 8 and 32 GiB, JSON out
 	$(ROOT)/bench/run-gpu.sh
