@@ -63,6 +63,10 @@ CONDITIONS: Schema = {
 }
 
 IMMUTABLE: list[dict[str, str]] = [{"rule": "self == oldSelf", "message": "spec is immutable"}]
+#: CEL validation rules are on by default from Kubernetes 1.25; older API servers (and clients that
+#: validate against their OpenAPI) reject the field, so the template emits it only where it works
+CEL_MIN_VERSION = ">=1.25.0-0"
+CEL_PLACEHOLDER = "__cel_rules__"
 
 #: object names are DNS subdomains
 NAME: Schema = {"type": "string", "minLength": 1, "maxLength": 253}
@@ -359,10 +363,29 @@ SPECS: dict[str, tuple[Schema, Schema, list[Schema], str]] = {
 }
 
 
+def allow_empty_strings(node: Any) -> Any:
+    """A copy of a schema whose free-form strings (no minLength, enum, pattern or format) are `nullable`.
+
+    Kubernetes 1.20 as built here (Debian's source package, the API server the tests and the local
+    cluster run) rejects an empty string in a typed CR field as `Invalid value: "null"`, which
+    would make e.g. a condition with `message: ""` unwritable. `nullable` lets "" through (it is
+    stored as "") and is harmless on servers without the bug.
+    """
+    if isinstance(node, list):
+        return [allow_empty_strings(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: allow_empty_strings(v) for k, v in node.items()}
+    if out.get("type") == "string" and not {"minLength", "enum", "pattern", "format"} & out.keys():
+        out["nullable"] = True
+    return out
+
+
 def crd(kind: str) -> dict[str, Any]:
     """The CustomResourceDefinition of `kind`, without the chart's labels and annotations."""
     plural, singular, short, namespaced = contract.CRDS[kind]
     spec, status, columns, description = SPECS[kind]
+    status = allow_empty_strings(status)
     spec = {**spec, "x-kubernetes-validations": IMMUTABLE}
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -376,7 +399,7 @@ def crd(kind: str) -> dict[str, Any]:
                 "plural": plural,
                 "singular": singular,
                 "shortNames": list(short),
-                "categories": ["podsnap"],
+                "categories": ["podsnap-all"],
             },
             "scope": "Namespaced" if namespaced else "Cluster",
             "versions": [
@@ -422,6 +445,9 @@ FOOTER = "{{- end }}\n"
 def render(kind: str) -> str:
     """The chart template for `kind`: the CRD with templated labels and the keep annotation."""
     body = crd(kind)
+    spec = body["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    rules = spec.pop("x-kubernetes-validations")
+    spec["x-kubernetes-validations"] = CEL_PLACEHOLDER
     meta = yaml.safe_dump({"metadata": body.pop("metadata")}, sort_keys=False).rstrip("\n")
     head = yaml.safe_dump({k: body.pop(k) for k in ("apiVersion", "kind")}, sort_keys=False)
     rest = yaml.safe_dump(body, sort_keys=False, width=120)
@@ -430,7 +456,25 @@ def render(kind: str) -> str:
         "\n  annotations:\n    helm.sh/resource-policy: keep\n  {{- end }}"
         '\n  labels:\n    {{- include "podsnap.crdLabels" . | nindent 4 }}\n'
     )
-    return HEADER + head + meta + rest + FOOTER
+    return HEADER + head + meta + cel_block(rest, rules) + FOOTER
+
+
+def cel_block(text: str, rules: list[dict[str, str]]) -> str:
+    """Puts the CEL rules behind a server-version check where the placeholder is."""
+    out = []
+    for line in text.splitlines(keepends=True):
+        key, sep, value = line.partition(": ")
+        if sep and value.strip() == CEL_PLACEHOLDER:
+            indent = key[: len(key) - len(key.lstrip())]
+            block = yaml.safe_dump({"x-kubernetes-validations": rules}, sort_keys=False)
+            out.append(f'{indent}{{{{- if semverCompare "{CEL_MIN_VERSION}" .Capabilities.KubeVersion.Version }}}}\n')
+            out += [indent + b + "\n" for b in block.splitlines()]
+            out.append(f"{indent}{{{{- end }}}}\n")
+        else:
+            out.append(line)
+    if len(out) == len(text.splitlines()):
+        raise AssertionError("CEL placeholder not found in the CRD body")
+    return "".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
