@@ -41,8 +41,8 @@ class Cluster:
         argv = [self.kubectl_bin, "--kubeconfig", str(self.cp.kubeconfig), *args]
         return subprocess.run(argv, input=input, text=True, capture_output=True, check=check, timeout=60)
 
-    def helm_run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = run([self.helm, "--kubeconfig", str(self.cp.kubeconfig), *args], check=False, timeout=180)
+    def helm_run(self, *args: str, check: bool = True, helm: str | None = None) -> subprocess.CompletedProcess[str]:
+        proc = run([helm or self.helm, "--kubeconfig", str(self.cp.kubeconfig), *args], check=False, timeout=180)
         if check and proc.returncode != 0:
             raise AssertionError(f"helm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
         return proc
@@ -309,13 +309,18 @@ def old_chart(tmp_path: Path, snapshot: Path) -> Path:
 
 
 @pytest.mark.parametrize("snapshot", SNAPSHOTS, ids=lambda p: p.stem)
-def test_real_reuse_values_upgrade_from_an_earlier_version(cluster: Cluster, snapshot: Path, tmp_path: Path) -> None:
+def test_real_reuse_values_upgrade_from_an_earlier_version(
+    cluster: Cluster, snapshot: Path, tmp_path: Path, helm3: str
+) -> None:
     release, ns = f"old-{snapshot.stem.replace('.', '-')}", f"old-{snapshot.stem.replace('.', '-')}"
+    # users of both Helm majors: the oldest release is managed with Helm 3, the next with Helm 4
+    helm = helm3 if snapshot == SNAPSHOTS[0] else cluster.helm
     cluster.kubectl("create", "namespace", ns)
     # the CRDs belong to the first release; this one brings none (a value the upgrade must keep)
-    cluster.helm_run("install", release, str(old_chart(tmp_path, snapshot)), "-n", ns, "--set", "crds.enabled=false")
+    old = old_chart(tmp_path, snapshot)
+    cluster.helm_run("install", release, str(old), "-n", ns, "--set", "crds.enabled=false", helm=helm)
     before = secret_data(cluster, ns, f"{release}-podsnap-webhook-tls")
-    cluster.helm_run("upgrade", release, str(CHART), "-n", ns, "--reuse-values")
+    cluster.helm_run("upgrade", release, str(CHART), "-n", ns, "--reuse-values", helm=helm)
     objects = manifest_objects(cluster, release, ns)
     assert "CustomResourceDefinition" not in {o["kind"] for o in objects}
     # a key added after that version (seccomp in 0.2.0, health ports later) works with its default
@@ -328,7 +333,7 @@ def test_real_reuse_values_upgrade_from_an_earlier_version(cluster: Cluster, sna
     pvc = cluster.get("-n", ns, "pvc", f"{release}-podsnap-artifacts")
     assert pvc["spec"]["resources"]["requests"]["storage"] == old_size
     assert secret_data(cluster, ns, f"{release}-podsnap-webhook-tls") == before
-    cluster.helm_run("uninstall", release, "-n", ns)
+    cluster.helm_run("uninstall", release, "-n", ns, helm=helm)
 
 
 def test_uninstall_keeps_the_claim_and_the_crds(cluster: Cluster) -> None:

@@ -77,7 +77,7 @@ def test_local_cluster_overlay_fits_the_local_cluster(built: dict[str, Docs]) ->
     docs = built["local-cluster"]
     ds = find(docs, "DaemonSet", "podsnap-agent")
     spec = ds["spec"]["template"]["spec"]
-    assert not spec.get("nodeSelector")
+    assert spec["nodeSelector"] == {"podsnap.io/local-cluster": "true"}
     for c in spec["containers"] + spec["initContainers"]:
         assert c["image"] == "localhost/podsnap-agent:dev" and c["imagePullPolicy"] == "Never"
     op = container(find(docs, "Deployment", "podsnap-operator"), "operator")

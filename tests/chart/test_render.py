@@ -15,6 +15,7 @@ from tests.chart.conftest import (
     CHART,
     FIGURES,
     NAMESPACE,
+    REPO,
     SCENARIOS,
     Doc,
     Docs,
@@ -432,11 +433,16 @@ def test_local_cluster_scenario(matrix: dict[str, Docs]) -> None:
     docs = matrix["local-cluster"]
     ds = find(docs, "DaemonSet", "podsnap-agent")
     spec = ds["spec"]["template"]["spec"]
-    assert "nodeSelector" not in spec and "priorityClassName" not in spec
+    assert spec["nodeSelector"] == {"podsnap.io/local-cluster": "true"}
     assert container(ds, "agent")["image"] == "localhost/podsnap-agent:dev"
+    assert env_of(container(ds, "agent"))[contract.ENV_RUNTIME_ROOT] == "/var/lib/podsnap-cluster/containerd"
     assert container(ds, "agent")["imagePullPolicy"] == "Never"
     pvc = find(docs, "PersistentVolumeClaim")
-    assert pvc["spec"]["storageClassName"] == "podsnap-local" and pvc["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert pvc["spec"]["storageClassName"] == "podsnap-local" and pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    # the chart's scenario and the e2e suite's values file are one file
+    assert (CHART / "ci" / "local-cluster-values.yaml").read_text() == (
+        REPO / "overlays" / "local-cluster" / "values.yaml"
+    ).read_text()
 
 
 def test_notes_warn_first_then_say_what_to_check(helm: str) -> None:
