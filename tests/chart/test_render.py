@@ -473,3 +473,28 @@ def test_notes_warn_first_then_say_what_to_check(helm: str) -> None:
         assert line in notes
     quiet = run([helm, "install", "podsnap", str(CHART), "--dry-run=client", "-n", NAMESPACE]).stdout
     assert "WARNINGS" not in quiet.split("NOTES:", 1)[1]
+
+
+#: chart-testing's configuration flags (ct lint/install --help, v3.x)
+CT_KEYS = {
+    "remote", "target-branch", "since", "build-id", "lint-conf", "chart-yaml-schema", "validate-maintainers",
+    "validate-chart-schema", "validate-yaml", "check-version-increment", "process-all-charts", "charts",
+    "chart-repos", "chart-dirs", "excluded-charts", "helm-extra-args", "helm-lint-extra-args", "helm-repo-extra-args",
+    "helm-dependency-extra-args", "debug", "upgrade", "skip-missing-values", "namespace", "release-label",
+    "exclude-deprecated", "kubectl-timeout", "print-logs", "skip-clean-up", "use-helmignore", "additional-commands",
+}  # fmt: skip
+
+
+def test_ct_yaml_is_a_valid_chart_testing_config() -> None:
+    import yaml
+
+    config = yaml.safe_load((REPO / "ct.yaml").read_text())
+    assert set(config) <= CT_KEYS, set(config) - CT_KEYS
+    assert config["target-branch"] == "main" and config["validate-maintainers"] is False
+    assert "--timeout" in config["helm-extra-args"]
+    charts = [d / "podsnap" for d in (REPO / p for p in config["chart-dirs"])]
+    assert [c for c in charts if (c / "Chart.yaml").exists()] == [CHART]
+    # ct's Chart.yaml schema wants named maintainers; it installs once per ci/*-values.yaml
+    meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert all(m.get("name") for m in meta["maintainers"]) and meta["apiVersion"] == "v2"
+    assert all(p.name.endswith("-values.yaml") for p in (CHART / "ci").iterdir())
