@@ -498,3 +498,15 @@ def test_ct_yaml_is_a_valid_chart_testing_config() -> None:
     meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert all(m.get("name") for m in meta["maintainers"]) and meta["apiVersion"] == "v2"
     assert all(p.name.endswith("-values.yaml") for p in (CHART / "ci").iterdir())
+
+
+def test_names_fit_63_characters_for_a_long_release_name(helm: str) -> None:
+    import yaml
+
+    release = ("gpu-inference-" * 4)[:53].rstrip("-")  # Helm's longest release name is 53
+    proc = run([helm, "template", release, str(CHART), "--namespace", NAMESPACE])
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d and d["kind"] != "CustomResourceDefinition"]
+    names = [(d["kind"], d["metadata"]["name"]) for d in docs]
+    assert all(len(n) <= 63 for _, n in names), sorted(names, key=lambda kn: len(kn[1]))[-3:]
+    assert len(set(names)) == len(names)
+    assert find(docs, "Deployment")["metadata"]["name"].endswith("-operator")
