@@ -37,6 +37,7 @@ BAD_OVERRIDES: list[tuple[list[str], str, str]] = [
     (["--set", "seccomp.profileName=/etc/profile.json"], "seccomp.profileName", "pattern"),
     (["--set", "agent.kubeletDir=var/lib/kubelet"], "agent.kubeletDir", "pattern"),
     (["--set", "webhook.path=mutate"], "webhook.path", "pattern"),
+    (["--set", "webhook.path=/mutate-pod"], "webhook.path", "pattern"),
     (["--set", "image.pullPolicy=Sometimes"], "image.pullPolicy", "Always"),
     (["--set", "agent.tolerations[0].operator=Maybe"], "agent.tolerations.0.operator", "Exists"),
     (["--set", "webhook.certManager.issuerRef.kind=Vault", "--set", "webhook.certManager.issuerRef.name=x"], "webhook.certManager.issuerRef.kind", "Issuer"),
