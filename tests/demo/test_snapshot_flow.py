@@ -71,3 +71,33 @@ def test_a_criu_round_trip_keeps_answer_weights_and_init_id_and_the_sdk_knows_it
     assert report["after"]["health"]["restored"] is True
     assert report["after"]["health"]["restore"]["context_env"] == ["POD_IP", "POD_NAME"]
     assert report["after"]["init_id"] == report["before"]["init_id"]
+
+
+def test_a_bad_restore_context_stops_the_worker_instead_of_serving(tmp_path: Path) -> None:
+    control = tmp_path / "control"
+    control.mkdir()
+    w = start_worker(tmp_path, ["--device", "cpu"], env={**os.environ, contract.ENV_CONTROL_DIR: str(control)})
+    deadline = time.monotonic() + 20
+    while not (control / contract.FILE_READY_FOR_SNAPSHOT).exists():
+        assert time.monotonic() < deadline, w.log.read_text()
+        time.sleep(0.02)
+    (control / contract.FILE_RESTORE_CONTEXT).write_text('{"version": 1, "env": {"PORT": 8000}}')
+    (control / contract.FILE_RESTORE_COMPLETE).write_text("")
+    assert w.proc.wait(timeout=20) == 3
+    assert "resume failed, exiting" in w.log.read_text()
+    assert "'env' must map strings to strings" in w.log.read_text()
+
+
+def test_a_snapshot_timeout_leaves_the_source_serving(tmp_path: Path) -> None:
+    control = tmp_path / "control"
+    control.mkdir()
+    env = {**os.environ, contract.ENV_CONTROL_DIR: str(control)}
+    w = start_worker(tmp_path, ["--device", "cpu", "--snapshot-timeout", "0.3"], env=env)
+    try:
+        deadline = time.monotonic() + 20
+        while "not captured, serving on" not in w.log.read_text():
+            assert time.monotonic() < deadline, w.log.read_text()
+            time.sleep(0.05)
+        assert w.chat("still there?")["podsnap"]["init_id"] == w.init_id
+    finally:
+        assert w.stop() == 0

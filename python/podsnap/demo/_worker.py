@@ -24,7 +24,7 @@ from typing import Any
 
 from podsnap.demo._model import Model, NumpyModel, element_count
 from podsnap.demo._server import DemoServer
-from podsnap.workload import ResumeInfo, SnapshotControl, SnapshotError
+from podsnap.workload import QuiesceError, RestoreTimeout, ResumeInfo, SnapshotControl, SnapshotError
 
 DEFAULT_GIB = {"cpu": 1 / 64, "cuda": 1.0}
 WARMUP_PROMPTS = ("Hello!", "What is podsnap?", "Tell me a story about GPUs and checkpoints.")
@@ -194,9 +194,14 @@ def _offer_for_capture(
     print(f"podsnap-demo: ready for snapshot ({snap.control_dir})", flush=True)
     try:
         info = snap.checkpoint_and_wait(timeout_s=timeout_s)
-    except SnapshotError as e:
-        print(f"podsnap-demo: snapshot protocol failed, serving on: {e}", file=sys.stderr, flush=True)
+    except (QuiesceError, RestoreTimeout) as e:
+        # never captured: this process is still the intact source, so it keeps serving
+        print(f"podsnap-demo: not captured, serving on: {e}", file=sys.stderr, flush=True)
         return
+    except SnapshotError as e:
+        # released or restored, but the new context or a resume hook failed: its state is not trusted
+        print(f"podsnap-demo: resume failed, exiting: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(3) from e
     state["restore"] = {**(state["restore"] or {}), "hook_s": dict(info.hook_seconds)}
     print(
         "podsnap-demo: resumed " + json.dumps({"restored": info.restored, "pid": os.getpid(), **state["restore"]}),
