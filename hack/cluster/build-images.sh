@@ -95,7 +95,7 @@ if [ ! -f "$APP_LAYER.sha256" ]; then
     sed -i 's#^readme = "../README.md"#readme = "README.md"#' "$W/merged/tmp/podsnap-src/python/pyproject.toml"
   fi
   chroot_run "$W/merged" pip install -q --no-cache-dir --no-index --no-deps --no-build-isolation /tmp/podsnap-src/python \
-    || die "pip install of podsnap from the working tree into the image failed"
+    >"$W/pip.log" 2>&1 || { tail -30 "$W/pip.log" >&2; die "pip install of podsnap from the working tree into the image failed"; }
   rm -rf "$W/merged/tmp/podsnap-src"
   umount "$W/merged"
   rm -rf "$W/upper/tmp" "$W/upper/root"   # only pip's scratch; /tmp and /root exist in the base

@@ -41,7 +41,8 @@ pid_alive() {
 start_bg() {
   local name=$1; shift
   mkdir -p "$RUN" "$LOGS"
-  setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null &
+  # fds 8/9 hold the build and cluster locks (flock): a daemon must not keep them held
+  setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null 8>&- 9>&- &
   echo $! >"$RUN/$name.pid"
 }
 kube_bin() { # kube_bin NAME: the pinned Kubernetes 1.20 binary (hack/setup.sh links them into .tools/bin)

@@ -39,10 +39,8 @@ ip link del cni0 2>/dev/null
 ip link del kdummy0 2>/dev/null
 # kube-proxy's chains go with the node; our own no-egress rule too
 iptables-save 2>/dev/null | grep -q KUBE- && "$(kube_bin kube-proxy 2>/dev/null || echo true)" --cleanup >/dev/null 2>&1
-while iptables -t mangle -S PREROUTING 2>/dev/null | grep -q podsnap-cluster-no-egress; do
-  rule=$(iptables -t mangle -S PREROUTING | grep podsnap-cluster-no-egress | head -1 | sed 's/^-A /-D /')
-  eval "iptables -t mangle $rule" || break
-done
+while iptables -t mangle -D PREROUTING -i cni0 -j PODSNAP-NO-EGRESS 2>/dev/null; do :; done
+iptables -t mangle -F PODSNAP-NO-EGRESS 2>/dev/null && iptables -t mangle -X PODSNAP-NO-EGRESS 2>/dev/null
 # all pods are gone: their addresses are free again
 rm -rf "$CLUSTER_DIR/cni/ipam"
 if [ $WIPE = 1 ]; then

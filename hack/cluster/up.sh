@@ -50,8 +50,12 @@ ip link set kdummy0 up
 [ -f /proc/sys/net/bridge/bridge-nf-call-iptables ] && echo 1 >/proc/sys/net/bridge/bridge-nf-call-iptables
 # The CNI bridge turns on forwarding; nothing from a pod may be forwarded off this machine: drop pod
 # packets for anything that is not a pod, a Service or this host, before any NAT.
-GUARD=(-i cni0 ! -d "$POD_CIDR" ! -d "$SERVICE_CIDR" -m addrtype ! --dst-type LOCAL -m comment --comment podsnap-cluster-no-egress -j DROP)
-iptables -t mangle -C PREROUTING "${GUARD[@]}" 2>/dev/null || iptables -t mangle -I PREROUTING "${GUARD[@]}"
+iptables -t mangle -N PODSNAP-NO-EGRESS 2>/dev/null || iptables -t mangle -F PODSNAP-NO-EGRESS
+iptables -t mangle -A PODSNAP-NO-EGRESS -d "$POD_CIDR" -j RETURN
+iptables -t mangle -A PODSNAP-NO-EGRESS -d "$SERVICE_CIDR" -j RETURN
+iptables -t mangle -A PODSNAP-NO-EGRESS -m addrtype --dst-type LOCAL -j RETURN
+iptables -t mangle -A PODSNAP-NO-EGRESS -j DROP
+iptables -t mangle -C PREROUTING -i cni0 -j PODSNAP-NO-EGRESS 2>/dev/null || iptables -t mangle -I PREROUTING -i cni0 -j PODSNAP-NO-EGRESS
 mkdir -p "$CLUSTER_DIR/cni/net.d" "$CLUSTER_DIR/etc" "$CLUSTER_DIR/volumes/artifacts"
 sed "s#@CLUSTER_DIR@#$CLUSTER_DIR#g" "$CLUSTER_SRC/10-bridge.conflist" >"$CLUSTER_DIR/cni/net.d/10-bridge.conflist"
 echo "nameserver 127.0.0.1" >"$CLUSTER_DIR/etc/resolv.conf"

@@ -18,7 +18,7 @@ from kubernetes.client.exceptions import ApiException
 
 from podsnap import contract
 from tests.e2e.support.config import E2EConfig
-from tests.e2e.support.k8s import Cluster, condition, pod_condition, pod_ready, wait_until
+from tests.e2e.support.k8s import Cluster, Pending, condition, pod_condition, pod_ready, wait_until
 
 CONTAINER = "main"
 
@@ -113,7 +113,7 @@ def policy(cluster: Cluster, namespace: str, name: str) -> dict[str, Any] | None
 
 
 def wait_policy_ready(cluster: Cluster, namespace: str, name: str, timeout: float) -> dict[str, Any]:
-    def ready() -> dict[str, Any] | str | None:
+    def ready() -> dict[str, Any] | Pending | None:
         obj = policy(cluster, namespace, name)
         status = (obj or {}).get("status") or {}
         if status.get("ready") is True and status.get("checkpointName"):
@@ -121,11 +121,9 @@ def wait_policy_ready(cluster: Cluster, namespace: str, name: str, timeout: floa
         failed = [c for c in status.get("conditions") or [] if c.get("status") == "True" and c.get("type") == "Failed"]
         if failed:
             raise AssertionError(f"SnapshotPolicy {name} failed: {failed}")
-        return str(status) if obj else None
+        return Pending(status) if obj else None
 
-    result = wait_until(ready, timeout=timeout, what=f"SnapshotPolicy {namespace}/{name} status.ready=true")
-    assert isinstance(result, dict)
-    return result
+    return wait_until(ready, timeout=timeout, what=f"SnapshotPolicy {namespace}/{name} status.ready=true")
 
 
 def worker_health(cluster: Cluster, namespace: str, pod: str, port: int) -> dict[str, Any]:
@@ -169,18 +167,14 @@ def chat(cluster: Cluster, namespace: str, service: str, prompt: str = "hello") 
 
 
 def wait_serving(cluster: Cluster, namespace: str, app: str, count: int, timeout: float) -> list[kclient.V1Pod]:
-    def ready() -> list[kclient.V1Pod] | str:
+    def ready() -> list[kclient.V1Pod] | Pending:
         pods = serving_pods(cluster, namespace, app)
         good = [p for p in pods if pod_ready(p)]
-        return (
-            good
-            if len(good) >= count
-            else f"{len(good)}/{count} ready: {[(p.metadata.name, p.status.phase) for p in pods]}"
-        )
+        if len(good) >= count:
+            return good
+        return Pending(f"{len(good)}/{count} ready: {[(p.metadata.name, p.status.phase) for p in pods]}")
 
-    result = wait_until(ready, timeout=timeout, what=f"{count} ready pod(s) of {namespace}/{app}")
-    assert isinstance(result, list)
-    return result
+    return wait_until(ready, timeout=timeout, what=f"{count} ready pod(s) of {namespace}/{app}")
 
 
 def condition_time(obj: dict[str, Any] | None, type_: str) -> str | None:

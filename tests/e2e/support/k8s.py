@@ -30,8 +30,13 @@ class WaitTimeout(AssertionError):
     """A wait ran out of time; the message says what was awaited and what was last seen."""
 
 
-def wait_until(fn: Callable[[], T | None], *, timeout: float, what: str, interval: float = 0.5) -> T:
-    """Poll `fn` until it returns something truthy; fail naming `what` and the last value seen."""
+class Pending(str):
+    """What a polled function returns while not done yet: a description of what it saw."""
+
+
+def wait_until(fn: Callable[[], T | Pending | None], *, timeout: float, what: str, interval: float = 0.5) -> T:
+    """Poll `fn` until it returns something truthy that is not `Pending`; fail naming `what` and the
+    last thing seen."""
     deadline = time.monotonic() + timeout
     last: object = None
     while True:
@@ -39,10 +44,10 @@ def wait_until(fn: Callable[[], T | None], *, timeout: float, what: str, interva
             value = fn()
         except ApiException as exc:
             value, last = None, f"API error {exc.status}: {exc.reason}"
+        if isinstance(value, Pending):
+            last, value = str(value), None
         if value:
             return value
-        if value is not None:
-            last = value
         if time.monotonic() > deadline:
             raise WaitTimeout(f"timed out after {timeout:.0f} s waiting for {what} (last seen: {last})")
         time.sleep(interval)
@@ -142,18 +147,17 @@ class Cluster:
         self, path: str, *, method: str = "GET", body: dict[str, Any] | None = None, timeout: float = 30
     ) -> tuple[int, Any]:
         """`path` under /api/v1 (e.g. namespaces/NS/services/NAME:PORT/proxy/health): (status, JSON or text)."""
+        method_, url, headers, payload, _ = self.api.param_serialize(
+            method,
+            f"/api/v1/{path}",
+            header_params={"Content-Type": "application/json", "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
         try:
-            resp = self.api.call_api(
-                f"/api/v1/{path}",
-                method,
-                header_params={"Content-Type": "application/json", "Accept": "application/json"},
-                body=body,
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _request_timeout=timeout,
-            )
-            raw = resp[0].data
-            status = resp[1]
+            resp = self.api.call_api(method_, url, header_params=headers, body=payload, _request_timeout=timeout)
+            resp.read()
+            raw, status = resp.data, int(resp.status)
         except ApiException as exc:
             raw, status = (exc.body or b""), int(exc.status or 0)
         text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
