@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -169,3 +170,40 @@ def test_standby_timeout_cold_starts_the_command(tmp_path: Path) -> None:
     assert p.returncode == 4
     assert marker.read_text().strip() == "cold"
     assert "no restore within 0.3s" in p.stderr
+
+
+def pid1_run(args: list[str], env_extra: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
+    """podsnap-run as PID 1 of a fresh PID namespace (as in a container); returns (unshare, its host pid)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) for a PID namespace")
+    u = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", *RUN, *args], env=env(**env_extra), stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + 10
+    while True:
+        inner = [c for c in children_of(u.pid) if "podsnap.workload.run" in Path(f"/proc/{c}/cmdline").read_text()]
+        if inner:
+            status = Path(f"/proc/{inner[0]}/status").read_text()
+            if "\nNSpid:" in status and status.split("\nNSpid:")[1].split("\n")[0].split()[-1] == "1":
+                return u, inner[0]
+        if u.poll() is not None:
+            pytest.skip(f"unshare failed: {u.stderr.read().decode() if u.stderr else ''}")
+        assert time.monotonic() < deadline, "podsnap-run never started as PID 1"
+        time.sleep(0.02)
+
+
+def test_as_pid_1_of_a_container_sigterm_reaches_the_worker(tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    script = f"trap 'exit 9' TERM; echo $$ > {started}; while :; do sleep 0.05; done"
+    u, pid1 = pid1_run(["--", "sh", "-c", script], {})
+    assert wait_for(started).strip() == "2", "the worker must not be PID 1 of the namespace"
+    os.kill(pid1, signal.SIGTERM)
+    assert u.wait(timeout=10) == 9
+
+
+def test_as_pid_1_in_standby_sigterm_ends_the_placeholder() -> None:
+    u, pid1 = pid1_run(["--", "false"], {contract.ENV_RESTORE_STANDBY: "1"})
+    time.sleep(0.3)
+    assert u.poll() is None
+    os.kill(pid1, signal.SIGTERM)
+    assert u.wait(timeout=10) == 128 + signal.SIGTERM
