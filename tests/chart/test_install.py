@@ -238,15 +238,20 @@ def can_i(c: Cluster, sa: str, verb: str, resource: str, *extra: str) -> bool:
 def test_rbac_on_the_server_is_least_privilege(cluster: Cluster) -> None:
     op, agent = "podsnap-operator", "podsnap-agent"
     assert can_i(cluster, op, "create", "snapshotjobs.podsnap.io", "-A")
-    assert can_i(cluster, op, "patch", "podsnapshots.podsnap.io/status", "-A")
+    # `kubectl auth can-i VERB RESOURCE/NAME`: a subresource needs --subresource, not a slash
+    assert can_i(cluster, op, "update", "podsnapshots.podsnap.io", "--subresource=status", "-A")
+    assert can_i(cluster, op, "patch", "snapshotjobs.podsnap.io", "--subresource=status", "-A")
+    assert not can_i(cluster, op, "update", "snapshotpolicies.podsnap.io", "-A")
+    assert not can_i(cluster, op, "patch", "pods", "--subresource=status", "-A")
     assert can_i(cluster, op, "create", "jobs.batch", "-n", "examples")
     assert can_i(cluster, op, "patch", "deployments.apps", "-n", "examples")
     assert can_i(cluster, op, "patch", "mutatingwebhookconfigurations/podsnap-webhook")
     assert not can_i(cluster, op, "patch", "mutatingwebhookconfigurations/someone-elses")
     assert not can_i(cluster, op, "get", "secrets", "-A")
     assert not can_i(cluster, op, "create", "pods", "-n", "examples")
-    assert can_i(cluster, agent, "patch", "podsnapshotcontents.podsnap.io/status")
-    assert can_i(cluster, agent, "patch", "pods/status", "-n", "examples")
+    assert can_i(cluster, agent, "patch", "podsnapshotcontents.podsnap.io", "--subresource=status")
+    assert can_i(cluster, agent, "patch", "pods", "--subresource=status", "-n", "examples")
+    assert not can_i(cluster, agent, "patch", "podsnapshots.podsnap.io", "--subresource=status", "-A")
     assert can_i(cluster, agent, "get", "nodes")
     assert not can_i(cluster, agent, "create", "podsnapshotcontents.podsnap.io")
     assert not can_i(cluster, agent, "patch", "podsnapshots.podsnap.io", "-n", "examples")

@@ -298,7 +298,7 @@ def test_rbac_is_split_by_component_with_least_privilege(default_docs: Docs) -> 
     op = rules(find(default_docs, "ClusterRole", "podsnap-operator"))
     agent = rules(find(default_docs, "ClusterRole", "podsnap-agent"))
     for plural in (p for p, *_ in contract.CRDS.values()):
-        assert {"get", "list", "watch", "create", "patch", "delete"} <= op[("podsnap.io", plural)]
+        assert op[("podsnap.io", plural)] == {"get", "list", "watch", "create", "patch", "delete"}
         assert {"patch", "update"} <= op[("podsnap.io", f"{plural}/status")]
         assert op[("podsnap.io", f"{plural}/finalizers")] == {"update"}
     assert op[("batch", "jobs")] >= {"create", "delete", "watch"}
