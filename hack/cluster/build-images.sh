@@ -87,6 +87,11 @@ if [ ! -f "$APP_LAYER.sha256" ]; then
   cleanup_app() { umount "$W/merged/dev" "$W/merged/proc" 2>/dev/null || true; umount "$W/merged" 2>/dev/null || true; rm -rf "$W"; }
   trap cleanup_app EXIT
   mount -t overlay overlay -o "lowerdir=$BASE/rootfs,upperdir=$W/upper,workdir=$W/work" "$W/merged"
+  # the operator runs as 65532 (unprivileged); Python's getpass (kopf's identity) needs it named
+  grep -q '^podsnap:' "$W/merged/etc/passwd" || {
+    echo 'podsnap:x:65532:65532:podsnap:/nonexistent:/usr/sbin/nologin' >>"$W/merged/etc/passwd"
+    echo 'podsnap:x:65532:' >>"$W/merged/etc/group"
+  }
   mkdir -p "$W/merged/tmp/podsnap-src"
   (cd "$REPO_ROOT" && echo "$SRC_FILES" | while read -r f; do [ -f "$f" ] && echo "$f"; done | tar -cf - -T -) | tar -xf - -C "$W/merged/tmp/podsnap-src"
   # setuptools refuses a readme outside the project dir (pyproject's "../README.md"): bring it inside

@@ -46,6 +46,9 @@ ETCD=$(readlink -f "$REPO_ROOT/.tools/bin/etcd" 2>/dev/null || true)
 # empty bridge we own.
 ip link show kdummy0 >/dev/null 2>&1 || { ip link add kdummy0 type bridge; ip addr add "$NODE_IP/32" dev kdummy0; }
 ip link set kdummy0 up
+# Mount propagation into pods (HostToContainer/Bidirectional: the agent's view of /run) needs a
+# shared root mount, as every systemd host has; systemd is not PID 1 here.
+findmnt -no PROPAGATION / | grep -q shared || mount --make-rshared /
 # Service traffic between pods on one bridge must pass iptables (kube-proxy's DNAT)
 [ -f /proc/sys/net/bridge/bridge-nf-call-iptables ] && echo 1 >/proc/sys/net/bridge/bridge-nf-call-iptables
 # The CNI bridge turns on forwarding; nothing from a pod may be forwarded off this machine: drop pod
