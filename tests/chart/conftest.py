@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import yaml
@@ -26,6 +27,15 @@ Docs = list[Doc]
 
 #: figures the suite reports at the end (render time of the matrix, counts)
 FIGURES: dict[str, str] = {}
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def parallel(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
+    """fn over items in threads: each call waits on a helm/kubectl process, so a few overlap well."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return list(pool.map(fn, items))
 
 
 def run(argv: list[str], check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -94,7 +104,7 @@ def helm_template(helm: str) -> Callable[..., Docs]:
 def matrix(helm: str) -> dict[str, Docs]:
     """Every ci/ scenario rendered once with Helm 4; the wall time is reported at the end."""
     start = time.monotonic()
-    out = {name: render(helm, "-f", str(scenario_file(name))) for name in SCENARIOS}
+    out = dict(zip(SCENARIOS, parallel(lambda n: render(helm, "-f", str(scenario_file(n))), SCENARIOS), strict=True))
     elapsed = time.monotonic() - start
     objects = sum(len(d) for d in out.values())
     FIGURES["render matrix (helm 4)"] = f"{len(out)} scenarios, {objects} objects in {elapsed:.2f} s"

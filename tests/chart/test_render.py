@@ -4,6 +4,7 @@ and the properties the design asks of each object."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from typing import Any
 
@@ -23,6 +24,7 @@ from tests.chart.conftest import (
     env_of,
     find,
     kinds,
+    parallel,
     run,
     scenario_file,
 )
@@ -35,11 +37,14 @@ FOREIGN_KINDS = {"Certificate", "Issuer", "ServiceMonitor"}
 @pytest.mark.parametrize("binary", ["helm3", "helm"])
 def test_helm_lint_strict_passes_for_every_scenario(binary: str, request: pytest.FixtureRequest) -> None:
     helm: str = request.getfixturevalue(binary)
-    for name in SCENARIOS:
-        proc = run(
+
+    def lint(name: str) -> subprocess.CompletedProcess[str]:
+        return run(
             [helm, "lint", "--strict", str(CHART), "--namespace", NAMESPACE, "-f", str(scenario_file(name))],
             check=False,
         )
+
+    for name, proc in zip(SCENARIOS, parallel(lint, SCENARIOS), strict=True):
         assert proc.returncode == 0, f"{binary} lint --strict -f ci/{name}-values.yaml:\n{proc.stdout}\n{proc.stderr}"
 
 
@@ -65,8 +70,8 @@ def test_every_scenario_renders_the_expected_objects(matrix: dict[str, Docs]) ->
 def test_helm3_renders_every_scenario_like_helm4(helm3: str, matrix: dict[str, Docs]) -> None:
     from tests.chart.conftest import render
 
-    for name in SCENARIOS:
-        docs = render(helm3, "-f", str(scenario_file(name)))
+    rendered = parallel(lambda n: render(helm3, "-f", str(scenario_file(n))), SCENARIOS)
+    for name, docs in zip(SCENARIOS, rendered, strict=True):
         assert kinds(docs) == kinds(matrix[name]), name
 
 

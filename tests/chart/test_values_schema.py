@@ -14,7 +14,7 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 import yaml
 
-from tests.chart.conftest import CHART, FIGURES, REPO, render_error
+from tests.chart.conftest import CHART, FIGURES, REPO, parallel, render_error
 
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
@@ -70,8 +70,8 @@ def names_key(message: str, dotted: str) -> bool:
 def test_schema_rejects_bad_overrides_naming_the_key(binary: str, request: pytest.FixtureRequest) -> None:
     helm: str = request.getfixturevalue(binary)
     assert len(BAD_OVERRIDES) >= 12
-    for args, key, reason in BAD_OVERRIDES:
-        message = render_error(helm, *args)
+    messages = parallel(lambda case: render_error(helm, *case[0]), BAD_OVERRIDES)
+    for (args, key, reason), message in zip(BAD_OVERRIDES, messages, strict=True):
         assert "schema" in message, f"{args}: not rejected by the schema:\n{message}"
         assert names_key(message, key), f"{args}: message does not name {key}:\n{message}"
         assert reason.lower() in message.lower().replace(",", ""), (
@@ -83,8 +83,8 @@ def test_schema_rejects_bad_overrides_naming_the_key(binary: str, request: pytes
 @pytest.mark.parametrize("binary", ["helm3", "helm"])
 def test_contradictory_values_fail_naming_both_keys(binary: str, request: pytest.FixtureRequest) -> None:
     helm: str = request.getfixturevalue(binary)
-    for args, words in CONTRADICTIONS:
-        message = render_error(helm, *args)
+    messages = parallel(lambda case: render_error(helm, *case[0]), CONTRADICTIONS)
+    for (args, words), message in zip(CONTRADICTIONS, messages, strict=True):
         for word in words:
             assert word in message, f"{args}: message lacks {word!r}:\n{message}"
     FIGURES["contradictory value sets rejected by the templates"] = str(len(CONTRADICTIONS))
