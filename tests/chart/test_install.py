@@ -298,8 +298,11 @@ def test_reuse_values_upgrade_keeps_overrides_and_certificate(cluster: Cluster) 
     deploy = cluster.get("-n", NAMESPACE, "deployment", "podsnap-operator")
     env = {e["name"]: e.get("value") for e in deploy["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env[contract.ENV_LOG_LEVEL] == "debug"
+    # a plain upgrade (values from scratch) finds the Secret with `lookup` and keeps it too
+    cluster.helm_run("upgrade", RELEASE, str(CHART), "-n", NAMESPACE, *OVERRIDES)
+    assert secret_data(cluster, NAMESPACE, "podsnap-webhook-tls") == before
     revision = cluster.helm_run("history", RELEASE, "-n", NAMESPACE, "-o", "json").stdout
-    assert [r["status"] for r in json.loads(revision)] == ["superseded", "deployed"]
+    assert [r["status"] for r in json.loads(revision)] == ["superseded", "superseded", "deployed"]
 
 
 def old_chart(tmp_path: Path, snapshot: Path) -> Path:
