@@ -168,7 +168,7 @@ ENV_NAMESPACE: Final = "PODSNAP_NAMESPACE"  # the release namespace (fieldRef me
 ENV_POD_NAME: Final = "PODSNAP_POD_NAME"  # the pod's own name (fieldRef metadata.name)
 ENV_LOG_LEVEL: Final = "PODSNAP_LOG_LEVEL"  # debug | info | warning | error
 ENV_METRICS_PORT: Final = "PODSNAP_METRICS_PORT"  # "0": metrics off
-ENV_HEALTH_PORT: Final = "PODSNAP_HEALTH_PORT"  # serves /healthz and /readyz
+ENV_HEALTH_PORT: Final = "PODSNAP_HEALTH_PORT"  # serves /healthz (liveness and readiness probes)
 ENV_SECCOMP_PROFILE: Final = "PODSNAP_SECCOMP_PROFILE"  # localhostProfile for capture pods; "" = none
 # Operator only
 ENV_WEBHOOK_PORT: Final = "PODSNAP_WEBHOOK_PORT"
