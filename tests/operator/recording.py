@@ -45,13 +45,17 @@ class RecordingExecutor:
         with self.lock:
             self.calls.append(Call(op, time.monotonic(), request))
 
-    def of(self, op: str, pod: str | None = None) -> list[Call]:
+    def of(self, op: str, pod: str | None = None, namespace: str | None = None) -> list[Call]:
+        """Calls of `op`, optionally only those for pod `pod` (in `namespace`)."""
+
+        def matches(call: Call) -> bool:
+            ref = getattr(call.request, "pod", None)
+            if pod is None:
+                return True
+            return ref is not None and ref.name == pod and (namespace is None or ref.namespace == namespace)
+
         with self.lock:
-            return [
-                c
-                for c in self.calls
-                if c.op == op and (pod is None or (getattr(c.request, "pod", None) and c.request.pod.name == pod))
-            ]
+            return [c for c in self.calls if c.op == op and matches(c)]
 
     def capture(self, request: CaptureRequest) -> CaptureResult:
         self._record("capture", request)

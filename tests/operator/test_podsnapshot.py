@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import threading
 import time
@@ -83,7 +84,7 @@ def test_content_is_bound_to_the_node_captured_and_cascades_on_delete(env: Env, 
     assert ready["status"]["artifact"] == content["status"]["artifact"]
     artifact = env.artifact_root / content["spec"]["artifactPath"]
     assert (artifact / "manifest.json").exists()
-    [call] = env.executor.of("capture", "p")
+    [call] = env.executor.of("capture", "p", ns)
     assert call.request.pids == (proc.pid,) and call.request.artifact_dir == artifact.resolve()
 
     env.cluster.kube.custom.delete_namespaced_custom_object(c.GROUP, c.VERSION, ns, c.PLURAL_POD_SNAPSHOTS, "s")
@@ -100,7 +101,7 @@ def test_content_of_another_node_is_left_to_that_nodes_agent(env: Env, ns: str) 
     assert content["metadata"]["labels"][c.LABEL_SNAPSHOT_NODE] == OTHER_NODE
     wait_for(lambda: cond_is(get_snap(env, ns, "s"), c.COND_READY, "False", c.REASON_PENDING), what="Pending")
     time.sleep(1.5)
-    assert not env.executor.of("capture", "p"), "the agent of node-a must not capture node-b's content"
+    assert not env.executor.of("capture", "p", ns), "the agent of node-a must not capture node-b's content"
     assert not (env.cluster.get(c.PLURAL_POD_SNAPSHOT_CONTENTS, name) or {}).get("status", {}).get("conditions")
 
 
@@ -120,9 +121,12 @@ def test_capture_failure_is_reported_with_its_reason(env: Env, ns: str) -> None:
     from podsnap.agent.executor import ExecutionError
 
     env.executor.fail_capture["p"] = ExecutionError("criu dump: Can't dump", reason=c.REASON_CAPTURE_FAILED)
-    running_pod(env, ns, "p")
-    env.cluster.create(c.PLURAL_POD_SNAPSHOTS, podsnapshot("s", "p"), ns)
-    snap = failed_with(env, ns, "s", c.REASON_CAPTURE_FAILED)
+    try:
+        running_pod(env, ns, "p")
+        env.cluster.create(c.PLURAL_POD_SNAPSHOTS, podsnapshot("s", "p"), ns)
+        snap = failed_with(env, ns, "s", c.REASON_CAPTURE_FAILED)
+    finally:
+        env.executor.fail_capture.pop("p")
     assert "Can't dump" in condition(snap, c.COND_FAILED)["message"]  # type: ignore[index]
     events = wait_for(
         lambda: [
@@ -154,6 +158,10 @@ def test_agent_pickup_latency(env: Env, ns: str, capsys: pytest.CaptureFixture[s
     w = watch.Watch()
 
     def watcher() -> None:
+        with contextlib.suppress(Exception):  # the stream is cut when the test stops it
+            _watch()
+
+    def _watch() -> None:
         for ev in w.stream(
             env.cluster.kube.custom.list_cluster_custom_object,
             c.GROUP,
@@ -175,7 +183,7 @@ def test_agent_pickup_latency(env: Env, ns: str, capsys: pytest.CaptureFixture[s
         t0 = time.monotonic()
         snap = env.cluster.create(c.PLURAL_POD_SNAPSHOTS, podsnapshot(f"s{i}", f"p{i}"), ns)
         name = c.content_name(snap["metadata"]["uid"])
-        call = wait_for(lambda i=i: env.executor.of("capture", f"p{i}"), what="capture call")[0]
+        call = wait_for(lambda i=i: env.executor.of("capture", f"p{i}", ns), what="capture call")[0]
         wait_for(lambda name=name: name in added, what="watch saw the content")
         pickups.append(call.at - added[name])
         end_to_end.append(call.at - t0)

@@ -85,9 +85,12 @@ class PodRecorder:
 
         def run() -> None:
             started.set()
-            for ev in self._w.stream(env.cluster.kube.core.list_namespaced_pod, ns, timeout_seconds=120):
-                if ev["type"] == "ADDED":
-                    self.pods.append(env.cluster.kube.sanitize(ev["object"]))
+            try:
+                for ev in self._w.stream(env.cluster.kube.core.list_namespaced_pod, ns, timeout_seconds=120):
+                    if ev["type"] == "ADDED":
+                        self.pods.append(env.cluster.kube.sanitize(ev["object"]))
+            except Exception:  # the stream is cut when the test stops it
+                return
 
         threading.Thread(target=run, daemon=True).start()
         started.wait(5)
@@ -127,12 +130,18 @@ def test_wait_for_checkpoint_deployment_restores_every_serving_pod(env: Env, ns:
     sj = env.cluster.get(c.PLURAL_SNAPSHOT_JOBS, job_name, ns)
     assert sj is not None and sj["metadata"]["labels"][c.LABEL_TEMPLATE_HASH] == pol["status"]["templateHash"]
     assert sj["metadata"]["labels"][c.LABEL_POLICY] == "pol"
-    assert cond_is(pol, c.COND_READY, "False", c.REASON_CHECKPOINT_PENDING)
+    wait_for(
+        lambda: cond_is(get_policy(env, ns, "pol"), c.COND_READY, "False", c.REASON_CHECKPOINT_PENDING),
+        what="CheckpointPending",
+    )
 
     kubelet_starts_capture_pod(env, ns, job_name)
     pol = ready_policy(env, ns, "pol")
     assert pol["status"]["checkpointName"] == job_name
-    assert cond_is(pol, c.COND_READY, reason=c.REASON_CHECKPOINT_READY)
+    wait_for(
+        lambda: cond_is(get_policy(env, ns, "pol"), c.COND_READY, reason=c.REASON_CHECKPOINT_READY),
+        what="CheckpointReady",
+    )
     dep = wait_for(
         lambda: (d := env.cluster.kube.apps.read_namespaced_deployment("web", ns)).spec.replicas == 2 and d,
         what="released",
@@ -174,7 +183,7 @@ def test_wait_for_checkpoint_deployment_restores_every_serving_pod(env: Env, ns:
             restored["metadata"]["annotations"][c.ANNOTATION_RESTORED_CONTAINER_IDS]
             == f"containerd://{proc.container_id}"
         )
-        [call] = env.executor.of("restore", name)
+        [call] = env.executor.of("restore", name, ns)
         assert call.request.placeholder_root_pid == proc.pid and not call.request.skip_compat
     context = c.RestoreContext.from_json((control_dir / c.FILE_RESTORE_CONTEXT).read_text())
     assert context.env["POD_NAME"] in procs and context.env["POD_NAMESPACE"] == ns

@@ -40,7 +40,7 @@ def test_operator_restart_mid_capture_converges_without_duplicates(env: Env, ns:
         if x["spec"]["podSnapshotRef"]["namespace"] == ns
     ]
     assert len(contents) == 1 and contents[0]["metadata"]["name"] == c.content_name(sj["status"]["podSnapshotUID"])
-    assert len(env.executor.of("capture", pod["metadata"]["name"])) == 1
+    assert len(env.executor.of("capture", pod["metadata"]["name"], ns)) == 1
 
 
 def test_operator_restart_after_the_snapshot_was_created_converges(env: Env, ns: str) -> None:
@@ -48,7 +48,7 @@ def test_operator_restart_after_the_snapshot_was_created_converges(env: Env, ns:
     try:
         env.cluster.create(c.PLURAL_SNAPSHOT_JOBS, snapshot_job("cap"), ns)
         pod, _ = kubelet_starts_capture_pod(env, ns, "cap")
-        wait_for(lambda: env.executor.of("capture", pod["metadata"]["name"]), what="capture started")
+        wait_for(lambda: env.executor.of("capture", pod["metadata"]["name"], ns), what="capture started")
         env.operator.stop()
     finally:
         env.executor.capture_delay_s = 0.0
@@ -60,4 +60,4 @@ def test_operator_restart_after_the_snapshot_was_created_converges(env: Env, ns:
         what="Completed",
     )
     assert cond_is(env.cluster.get(c.PLURAL_POD_SNAPSHOTS, "cap", ns), c.COND_READY)
-    assert len(env.executor.of("capture", pod["metadata"]["name"])) == 1
+    assert len(env.executor.of("capture", pod["metadata"]["name"], ns)) == 1

@@ -99,7 +99,7 @@ def test_capture_job_is_shaped_and_completes_through_the_agent(env: Env, ns: str
     assert cond_is(snap, c.COND_READY)
     assert snap["status"]["artifact"]["sizeBytes"] > 0 and snap["status"]["artifact"]["digest"].startswith("sha256:")
     assert snap["status"]["source"]["node"] == NODE and snap["status"]["source"]["arch"] == "x86_64"
-    [call] = env.executor.of("capture", pod["metadata"]["name"])
+    [call] = env.executor.of("capture", pod["metadata"]["name"], ns)
     assert call.request.root_pid == proc.pid and call.request.pod.container == "main"
     # the checkpoint ended the worker, so the Job goes (and with it the pod)
     wait_for(lambda: not env.cluster.kube.batch.list_namespaced_job(ns).items, what="capture Job deleted")

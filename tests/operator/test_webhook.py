@@ -85,5 +85,5 @@ def test_incompatible_restore_and_skip_annotation(env: Env, ns: str, tmp_path: P
     )
     cond = next(x for x in got["status"]["conditions"] if x["type"] == c.POD_CONDITION_RESTORED)
     assert "gpu-model" in cond["message"]
-    assert env.executor.of("restore", name)[0].request.skip_compat is True
+    assert env.executor.of("restore", name, ns)[0].request.skip_compat is True
     assert not (control / c.FILE_RESTORE_COMPLETE).exists()

@@ -107,7 +107,7 @@ def content_capture(
         ctx,
         name,
         Condition(c.COND_READY, True, c.REASON_CAPTURE_COMPLETED, f"captured in {elapsed:.1f} s"),
-        Condition(c.COND_FAILED, False, c.REASON_CAPTURE_COMPLETED, ""),
+        Condition(c.COND_FAILED, False, c.REASON_CAPTURE_COMPLETED, "captured"),
         artifact={"path": rel, "sizeBytes": result.size_bytes, "digest": result.digest},
         source={"node": ctx.config.node_name, **result.source},
         capturedAt=now_rfc3339(),

@@ -22,6 +22,8 @@ def apply_settings(settings: kopf.OperatorSettings, config: AgentConfig) -> None
         prefix=PROGRESS_PREFIX, key="last-handled-configuration"
     )
     settings.peering.standalone = True
+    # resources are discovered once at start: no watch on CRDs, so no cluster-wide CRD permission needed
+    settings.scanning.disabled = True
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 30

@@ -66,7 +66,8 @@ def merged(
             "type": update.type,
             "status": status,
             "reason": update.reason,
-            "message": update.message,
+            # never "": the 1.20 API server reads an empty string here as null and rejects it
+            "message": update.message or update.reason,
             "lastTransitionTime": stamp,
         }
         if generation is not None:

@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 CONFLICT_RETRIES = 8
+JSON_PATCH = "application/json-patch+json"
 
 
 @dataclass(frozen=True)
@@ -155,26 +156,39 @@ class Kube:
         namespace: str | None,
         mutate: Callable[[dict[str, Any]], bool],
     ) -> dict[str, Any] | None:
-        """Read, let `mutate` change `status` in place (it returns False for "nothing to do"), and write back
-        with the read resourceVersion; a conflict re-reads and re-runs `mutate`. None when the object is gone."""
+        """Read, let `mutate` change `status` in place (it returns False for "nothing to do"), and write it
+        back as a JSON patch guarded by the read resourceVersion (so only the `patch` verb is needed); a
+        conflict re-reads and re-runs `mutate`. None when the object is gone."""
         for _ in range(CONFLICT_RETRIES):
             obj = self.get_cr(plural, name, namespace)
             if obj is None:
                 return None
+            had_status = "status" in obj
             obj.setdefault("status", {})
             if not mutate(obj):
                 return obj
+            ops = [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": obj["metadata"]["resourceVersion"]},
+                {"op": "replace" if had_status else "add", "path": "/status", "value": obj["status"]},
+            ]
             try:
                 if namespace is None:
-                    return dict(self.custom.replace_cluster_custom_object_status(c.GROUP, c.VERSION, plural, name, obj))
-                return dict(
-                    self.custom.replace_namespaced_custom_object_status(
-                        c.GROUP, c.VERSION, namespace, plural, name, obj
+                    result = self.custom.patch_cluster_custom_object_status(
+                        c.GROUP, c.VERSION, plural, name, ops, _content_type=JSON_PATCH
                     )
-                )
+                else:
+                    result = self.custom.patch_namespaced_custom_object_status(
+                        c.GROUP, c.VERSION, namespace, plural, name, ops, _content_type=JSON_PATCH
+                    )
+                return dict(result)
             except ApiException as exc:
-                if exc.status not in (409, 422) or (exc.status == 422 and "resourceVersion" not in str(exc.body)):
-                    raise
+                if exc.status == 404:
+                    return None
+                # a failed "test" op is a bare 422; it is a conflict only if the object moved on meanwhile
+                fresh = self.get_cr(plural, name, namespace) if exc.status == 422 else None
+                moved = fresh is None or fresh["metadata"]["resourceVersion"] != obj["metadata"]["resourceVersion"]
+                if exc.status != 409 and not (exc.status == 422 and moved):
+                    raise RuntimeError(f"writing {plural}/{name} status: {exc.status} {exc.body}") from exc
             time.sleep(0.05)
         raise kopf.TemporaryError(f"{plural}/{name}: status kept conflicting; retrying", delay=1)
 

@@ -4,6 +4,7 @@ Ignore, so an outage means a cold start, never a blocked rollout."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -13,9 +14,11 @@ import kopf
 from podsnap import contract as c
 from podsnap.operator.config import WEBHOOK_PATH_ID
 from podsnap.operator.kube import Kube, get_or_none
-from podsnap.operator.policy import TARGET_KINDS, template_hash
+from podsnap.operator.policy import template_hash
 from podsnap.operator.restore_pod import NotShapeable, shape
 from podsnap.operator.runtime import OperatorContext, ctx_of, registry
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -29,26 +32,39 @@ def controller_of(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return next((r for r in meta.get("ownerReferences") or [] if r.get("controller")), None)
 
 
-def find_owner(kube: Kube, pod: Mapping[str, Any], namespace: str) -> Owner | None:
-    """The Deployment or StatefulSet behind a new pod, with the template the pod was made from."""
+def _read_owned(kube: Kube, kind: str, ref: Mapping[str, Any], namespace: str | None) -> dict[str, Any] | None:
+    """The object `ref` points at. Admission requests carry the namespace outside the pod (which kopf does not
+    pass on), and a controller's new pod has none of its own, so without it the owner is found by uid."""
+    if kind == "ReplicaSet":
+        read, list_all = kube.apps.read_namespaced_replica_set, kube.apps.list_replica_set_for_all_namespaces
+    else:
+        read, list_all = kube.apps.read_namespaced_stateful_set, kube.apps.list_stateful_set_for_all_namespaces
+    if namespace:
+        obj = get_or_none(read, ref["name"], namespace)
+        return None if obj is None else kube.sanitize(obj)
+    for obj in list_all(field_selector=f"metadata.name={ref['name']}").items:
+        if obj.metadata.uid == ref.get("uid"):
+            return kube.sanitize(obj)
+    return None
+
+
+def find_owner(kube: Kube, pod: Mapping[str, Any], namespace: str | None) -> tuple[Owner, str] | None:
+    """The Deployment or StatefulSet behind a new pod, with the template the pod was made from, and its namespace."""
     ref = controller_of(pod.get("metadata") or {})
-    if ref is None:
+    if ref is None or ref.get("kind") not in ("ReplicaSet", "StatefulSet"):
         return None
-    if ref.get("kind") == "StatefulSet":
-        sts = get_or_none(kube.apps.read_namespaced_stateful_set, ref["name"], namespace)
-        return None if sts is None else Owner("StatefulSet", ref["name"], kube.sanitize(sts.spec.template))
-    if ref.get("kind") != "ReplicaSet":
+    owned = _read_owned(kube, ref["kind"], ref, namespace)
+    if owned is None:
         return None
-    rs = get_or_none(kube.apps.read_namespaced_replica_set, ref["name"], namespace)
-    if rs is None:
-        return None
-    rs_body = kube.sanitize(rs)
-    dep = controller_of(rs_body["metadata"])
+    ns = owned["metadata"]["namespace"]
+    if ref["kind"] == "StatefulSet":
+        return Owner("StatefulSet", ref["name"], owned["spec"]["template"]), ns
+    dep = controller_of(owned["metadata"])
     if dep is None or dep.get("kind") != "Deployment":
         return None
     # the ReplicaSet's template is the Deployment template this pod was made from (plus pod-template-hash,
     # which template_hash ignores), so a pod of an older rollout never restores a newer template's checkpoint
-    return Owner("Deployment", dep["name"], rs_body["spec"]["template"])
+    return Owner("Deployment", dep["name"], owned["spec"]["template"]), ns
 
 
 @dataclass(frozen=True)
@@ -60,21 +76,27 @@ class Plan:
     container: str = ""
 
 
-def restore_plan(ctx: OperatorContext, pod: Mapping[str, Any], namespace: str) -> Plan | None:
+def restore_plan(ctx: OperatorContext, pod: Mapping[str, Any], namespace: str | None) -> Plan | None:
     """What to do with a new pod; None leaves it untouched (a cold start)."""
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     if c.ANNOTATION_RESTORE_FROM in annotations:
         return None  # shaped already, or a hand-made restore pod: leave it as its author wrote it
-    owner = find_owner(ctx.kube, pod, namespace)
-    if owner is None or owner.kind not in TARGET_KINDS:
+    found = find_owner(ctx.kube, pod, namespace)
+    if found is None:
         return None
+    owner, namespace = found
     policies = ctx.kube.custom.list_namespaced_custom_object(c.GROUP, c.VERSION, namespace, c.PLURAL_SNAPSHOT_POLICIES)
     for policy in policies.get("items", []):
         ref = (policy.get("spec") or {}).get("targetRef") or {}
         if ref.get("kind") != owner.kind or ref.get("name") != owner.name:
             continue
         status, spec = policy.get("status") or {}, policy.get("spec") or {}
-        current = status.get("templateHash") == template_hash(owner.template)
+        pod_hash = template_hash(owner.template)
+        current = status.get("templateHash") == pod_hash
+        log.debug(
+            "pod of %s %s: policy %s ready=%s hash %s, pod template hash %s",
+            owner.kind, owner.name, policy["metadata"]["name"], status.get("ready"), status.get("templateHash"), pod_hash,
+        )  # fmt: skip
         if status.get("ready") and status.get("checkpointName") and current:
             return Plan("restore", status["checkpointName"], spec.get("targetContainerName") or "main")
         if spec.get("startupPolicy") == c.STARTUP_POLICY_WAIT:
@@ -101,8 +123,7 @@ def mutate_pod(
     *, body: kopf.Body, namespace: str | None, patch: kopf.Patch, memo: Any, logger: kopf.Logger, **_: Any
 ) -> None:
     ctx = ctx_of(memo)
-    ns = namespace or (body.get("metadata") or {}).get("namespace") or "default"
-    plan = restore_plan(ctx, body, ns)
+    plan = restore_plan(ctx, body, namespace or (body.get("metadata") or {}).get("namespace"))
     if plan is None:
         return
     if plan.action == "wait":

@@ -3,7 +3,6 @@ deletion cascades to the content (whose own finalizer removes the artifact)."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import shutil
 from collections.abc import Mapping
@@ -209,18 +208,34 @@ def _collect_orphan(ctx: OperatorContext, body: Mapping[str, Any], logger: kopf.
         if root in target.parents and target.exists():
             shutil.rmtree(target, ignore_errors=True)
             logger.info("removed artifact %s of %s (node %s is gone)", target, meta["name"], node)
-    finalizers = [f for f in meta.get("finalizers") or [] if f != c.FINALIZER_CONTENT_ARTIFACT]
-    with contextlib.suppress(ApiException):
-        ctx.kube.custom.patch_cluster_custom_object(
-            c.GROUP,
-            c.VERSION,
-            c.PLURAL_POD_SNAPSHOT_CONTENTS,
-            meta["name"],
-            [
-                {"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
-                {"op": "replace", "path": "/metadata/finalizers", "value": finalizers},
-            ],
-        )
+    remove_finalizer(ctx, meta["name"], c.FINALIZER_CONTENT_ARTIFACT)
+    logger.warning("finalized %s for its vanished node %s", meta["name"], node)
+
+
+def remove_finalizer(ctx: OperatorContext, name: str, finalizer: str) -> None:
+    """Remove one finalizer from a content, guarded by resourceVersion and retried on conflicts."""
+    for _ in range(5):
+        obj = ctx.kube.get_cr(c.PLURAL_POD_SNAPSHOT_CONTENTS, name)
+        if obj is None or finalizer not in (obj["metadata"].get("finalizers") or []):
+            return
+        rest = [f for f in obj["metadata"]["finalizers"] if f != finalizer]
+        try:
+            ctx.kube.custom.patch_cluster_custom_object(
+                c.GROUP,
+                c.VERSION,
+                c.PLURAL_POD_SNAPSHOT_CONTENTS,
+                name,
+                [
+                    {"op": "test", "path": "/metadata/resourceVersion", "value": obj["metadata"]["resourceVersion"]},
+                    {"op": "replace", "path": "/metadata/finalizers", "value": rest},
+                ],
+                _content_type="application/json-patch+json",
+            )
+            return
+        except ApiException as exc:
+            if exc.status not in (409, 422) or "test" not in str(exc.body):
+                raise
+    raise kopf.TemporaryError(f"{name}: finalizers kept changing; retrying", delay=1)
 
 
 @kopf.on.delete(*SNAPSHOTS, registry=registry)

@@ -132,9 +132,22 @@ def reconcile(ctx: OperatorContext, body: Mapping[str, Any], patch: kopf.Patch, 
     # A failed capture releases the hold: serving cold beats not serving.
     hold = policy.startup == c.STARTUP_POLICY_WAIT and not ready and not failed_msg
     change = hold_patch(target) if hold else release_patch(target)
+    if change is not None and not hold:
+        # the webhook reads the policy's status: it must say Ready before the first released pod is created
+        fields = {"ready": ready, "checkpointName": snapshot_name, "templateHash": h}
+
+        def record(obj: dict[str, Any]) -> bool:
+            obj["status"].update(fields)
+            return True
+
+        kube.update_cr_status(c.PLURAL_SNAPSHOT_POLICIES, name, namespace, record)
     if change is not None:
         patch_target(kube, policy.kind, policy.target, namespace, change)
-        what = "held at 0 replicas until the checkpoint is Ready" if hold else "replicas released"
+        what = (
+            "held at 0 replicas until the checkpoint is Ready"
+            if hold
+            else f"replicas released (ready={ready}, failed={failed_msg})"
+        )
         event(
             body,
             type_="Normal",
@@ -144,13 +157,9 @@ def reconcile(ctx: OperatorContext, body: Mapping[str, Any], patch: kopf.Patch, 
         logger.info("%s %s: %s", policy.kind, policy.target, what)
 
 
-@kopf.on.create(*POLICIES, registry=registry)
-@kopf.on.resume(*POLICIES, registry=registry)
-def policy_start(*, body: kopf.Body, patch: kopf.Patch, memo: Any, logger: kopf.Logger, **_: Any) -> None:
-    reconcile(ctx_of(memo), body, patch, logger)
-
-
-@kopf.timer(*POLICIES, registry=registry, interval=2.0, initial_delay=1.0)
+# one timer, no change handlers: a single reconcile per policy at a time (a change handler running beside
+# the timer could write an older view of the checkpoint over a newer one)
+@kopf.timer(*POLICIES, registry=registry, interval=2.0)
 def policy_tick(*, body: kopf.Body, patch: kopf.Patch, memo: Any, logger: kopf.Logger, **_: Any) -> None:
     reconcile(ctx_of(memo), body, patch, logger)
 

@@ -24,6 +24,8 @@ def apply_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> N
     )
     # one replica; leader election belongs to the Deployment (replicas: 1, Recreate), not to peering CRDs
     settings.peering.standalone = True
+    # resources are discovered once at start: no watch on CRDs, so no cluster-wide CRD permission needed
+    settings.scanning.disabled = True
     # handlers post their own Events with reasons; kopf's log-to-Event mirror would only add noise
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
