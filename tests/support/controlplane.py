@@ -151,7 +151,7 @@ class ControlPlane:
         while time.monotonic() < deadline:
             for proc in self.procs:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"control plane process exited ({proc.args[0]}):\n{self.logs_tail()}")
+                    raise RuntimeError(f"control plane process exited ({proc.args!r}):\n{self.logs_tail()}")
             try:
                 req = urllib.request.Request(f"{self.server}/readyz", headers={"Authorization": f"Bearer {self.token}"})
                 with urllib.request.urlopen(req, context=ctx, timeout=2) as resp:
