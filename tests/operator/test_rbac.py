@@ -3,6 +3,8 @@ fixture logs them in with those tokens, RBAC authorizer on), and each may do no 
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from tests.operator.conftest import Env
@@ -11,52 +13,105 @@ from tests.operator.harness import RELEASE_NS
 OPERATOR = f"system:serviceaccount:{RELEASE_NS}:podsnap-operator"
 AGENT = f"system:serviceaccount:{RELEASE_NS}:podsnap-agent"
 
-# (verb, resource, needed-by-operator, needed-by-agent) — "needed" is what the code calls; everything
-# else must be denied
+# (verb, resource, operator needs it, agent needs it): "needs" is what the code calls; anything else must
+# be denied. The podsnap.io resources are checked with every verb.
+CR = ("snapshotjobs", "podsnapshots", "podsnapshotcontents", "snapshotpolicies")
+OPERATOR_CR = {
+    "snapshotjobs": {"get", "list", "watch", "create", "patch", "delete"},
+    "podsnapshots": {"get", "list", "watch", "create", "patch", "delete"},
+    "podsnapshotcontents": {"get", "list", "watch", "create", "patch", "delete"},
+    "snapshotpolicies": {"get", "list", "watch", "patch"},
+}
+AGENT_CR = {"podsnapshotcontents": {"get", "list", "watch", "patch"}, "podsnapshots": {"get"}}
+VERBS = ("get", "list", "watch", "create", "update", "patch", "delete")
 MATRIX = [
-    ("create", "snapshotjobs.podsnap.io", True, False),
-    ("create", "podsnapshots.podsnap.io", True, False),
-    ("create", "podsnapshotcontents.podsnap.io", True, False),
-    ("delete", "podsnapshotcontents.podsnap.io", True, False),
-    ("watch", "podsnapshotcontents.podsnap.io", True, True),
-    ("patch", "podsnapshotcontents.podsnap.io", True, True),
-    ("update", "podsnapshotcontents.podsnap.io/status", True, True),
-    ("update", "podsnapshots.podsnap.io/status", True, False),
-    ("get", "podsnapshots.podsnap.io", True, True),
-    ("watch", "snapshotpolicies.podsnap.io", True, False),
+    *[(v, f"{r}.podsnap.io", v in OPERATOR_CR.get(r, ()), v in AGENT_CR.get(r, ())) for r in CR for v in VERBS],
+    *[
+        (v, f"{r}.podsnap.io/status", v == "patch", v == "patch" and r == "podsnapshotcontents")
+        for r in CR
+        for v in ("patch", "update")
+    ],
     ("create", "jobs.batch", True, False),
+    ("get", "jobs.batch", True, False),
     ("delete", "jobs.batch", True, False),
-    ("patch", "deployments.apps", True, False),
-    ("patch", "statefulsets.apps", True, False),
-    ("get", "replicasets.apps", True, False),
-    ("watch", "pods", True, True),
-    ("patch", "pods", True, True),
+    ("watch", "jobs.batch", False, False),
+    ("patch", "jobs.batch", False, False),
+    ("get", "pods", True, True),
+    ("list", "pods", True, True),
+    ("watch", "pods", False, True),
+    ("patch", "pods", False, True),
     ("patch", "pods/status", False, True),
-    ("create", "events", True, True),
-    ("get", "nodes", True, True),
-    # never needed by either
     ("create", "pods", False, False),
     ("delete", "pods", False, False),
     ("create", "pods/exec", False, False),
-    ("get", "secrets", False, False),
-    ("list", "secrets", False, False),
+    ("get", "deployments.apps", True, False),
+    ("patch", "deployments.apps", True, False),
     ("create", "deployments.apps", False, False),
     ("delete", "deployments.apps", False, False),
+    ("list", "statefulsets.apps", True, False),
+    ("patch", "statefulsets.apps", True, False),
+    ("list", "replicasets.apps", True, False),
+    ("patch", "replicasets.apps", False, False),
+    ("get", "nodes", True, False),
     ("delete", "nodes", False, False),
     ("patch", "nodes", False, False),
+    ("create", "events", True, True),
+    ("get", "secrets", False, False),
+    ("list", "secrets", False, False),
     ("create", "clusterrolebindings.rbac.authorization.k8s.io", False, False),
     ("create", "serviceaccounts/token", False, False),
     ("delete", "customresourcedefinitions.apiextensions.k8s.io", False, False),
-    ("update", "snapshotpolicies.podsnap.io", False, False),
 ]
 
 
-@pytest.mark.parametrize(("verb", "resource", "operator", "agent"), MATRIX, ids=[f"{v}-{r}" for v, r, _, _ in MATRIX])
-def test_can_i_matrix(env: Env, verb: str, resource: str, operator: bool, agent: bool) -> None:
-    for who, expected in ((OPERATOR, operator), (AGENT, agent)):
-        got = env.cluster.kubectl("auth", "can-i", verb, resource, "--all-namespaces", f"--as={who}", check=False)
-        answer = got.stdout.strip()
-        assert answer == ("yes" if expected else "no"), f"{who} can-i {verb} {resource}: {answer} {got.stderr.strip()}"
+#: rights the chart grants beyond what the code uses (reported to the chart's owner). strict xfail: when the
+#: chart drops one, its row turns into an XPASS failure and moves out of this list.
+CHART_OVERGRANTS = {
+    ("agent", "list", "podsnapshots.podsnap.io"),
+    ("agent", "watch", "podsnapshots.podsnap.io"),
+    ("agent", "get", "nodes"),
+    ("operator", "create", "snapshotpolicies.podsnap.io"),
+    ("operator", "delete", "snapshotpolicies.podsnap.io"),
+    ("operator", "watch", "jobs.batch"),
+    ("operator", "watch", "pods"),
+    ("operator", "patch", "pods"),
+    ("operator", "patch", "pods/status"),
+}
+CASES = [
+    pytest.param(
+        who,
+        verb,
+        resource,
+        needed,
+        id=f"{who}-{verb}-{resource}",
+        marks=[pytest.mark.xfail(strict=True, reason="chart grants more than needed")]
+        if (who, verb, resource) in CHART_OVERGRANTS
+        else [],
+    )
+    for verb, resource, operator, agent in MATRIX
+    for who, needed in (("operator", operator), ("agent", agent))
+]
+
+
+@pytest.fixture(scope="module")
+def can_i(env: Env) -> dict[tuple[str, str, str], str]:
+    """Every `kubectl auth can-i --as=<ServiceAccount>` answer of the matrix, asked in parallel."""
+
+    def ask(key: tuple[str, str, str]) -> str:
+        who, verb, resource = key
+        user = OPERATOR if who == "operator" else AGENT
+        got = env.cluster.kubectl("auth", "can-i", verb, resource, "--all-namespaces", f"--as={user}", check=False)
+        return got.stdout.strip() or got.stderr.strip()
+
+    keys = [(who, verb, resource) for verb, resource, _, _ in MATRIX for who in ("operator", "agent")]
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        return dict(zip(keys, pool.map(ask, keys), strict=True))
+
+
+@pytest.mark.parametrize(("who", "verb", "resource", "needed"), CASES)
+def test_can_i_matrix(can_i: dict[tuple[str, str, str], str], who: str, verb: str, resource: str, needed: bool) -> None:
+    answer = can_i[who, verb, resource]
+    assert answer == ("yes" if needed else "no"), f"podsnap-{who} can-i {verb} {resource}: {answer}"
 
 
 def test_components_are_logged_in_as_their_service_accounts(env: Env) -> None:

@@ -72,6 +72,8 @@ def _running_container_id(pod: Mapping[str, Any], container: str) -> str | None:
 def pod_restore(*, body: kopf.Body, type: str | None, memo: Any, logger: kopf.Logger, **_: Any) -> None:
     ctx = ctx_of(memo)
     if type == "DELETED":
+        with ctx.lock:
+            ctx.started.discard(str((body.get("metadata") or {}).get("uid")))
         return
     pod: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod", **dict(body)}
     meta = pod["metadata"]
@@ -85,8 +87,8 @@ def pod_restore(*, body: kopf.Body, type: str | None, memo: Any, logger: kopf.Lo
         return
     uid = meta["uid"]
     with ctx.lock:
-        if uid in ctx.restoring:
-            return
+        if uid in ctx.restoring or uid in ctx.started:
+            return  # running now, or done by this process (a late event may still show an older status)
         ctx.restoring.add(uid)
     try:
         if reason == c.REASON_RESTORE_IN_PROGRESS:
@@ -97,6 +99,8 @@ def pod_restore(*, body: kopf.Body, type: str | None, memo: Any, logger: kopf.Lo
         cid = _running_container_id(pod, container)
         if cid is None:
             return  # the placeholder is not running yet; a later event brings it
+        with ctx.lock:
+            ctx.started.add(uid)
         restore(ctx, pod, snapshot=snapshot, container=container, cid=cid, logger=logger)
     finally:
         with ctx.lock:

@@ -25,6 +25,8 @@ class AgentContext:
     metrics: AgentMetrics
     #: pod UIDs whose restore runs now (pod events arrive while a restore is in flight)
     restoring: set[str] = field(default_factory=set)
+    #: pod UIDs this process has started restoring: a later event still showing RestoreInProgress is stale
+    started: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
