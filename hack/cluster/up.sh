@@ -143,7 +143,7 @@ if ! pid_alive kubelet; then
   mkdir -p "$CLUSTER_DIR/kubelet"
   sed -e "s#@CLUSTER_DIR@#$CLUSTER_DIR#g" -e "s#@NODE_IP@#$NODE_IP#g" "$CLUSTER_SRC/kubelet-config.yaml" >"$CLUSTER_DIR/etc/kubelet-config.yaml"
   start_bg kubelet "$(kube_bin kubelet)" --config "$CLUSTER_DIR/etc/kubelet-config.yaml" --kubeconfig "$KC" \
-    --root-dir "$CLUSTER_DIR/kubelet" --cert-dir "$CLUSTER_DIR/kubelet/pki" \
+    --root-dir "$CLUSTER_DIR/kubelet" --cert-dir "$CLUSTER_DIR/kubelet/pki" --seccomp-profile-root "$CLUSTER_DIR/kubelet/seccomp" \
     --container-runtime remote --container-runtime-endpoint "unix://$CONTAINERD_SOCK" \
     --pod-infra-container-image localhost/pause:dev --node-ip "$NODE_IP" --hostname-override "$NODE_NAME" \
     --node-labels "podsnap.io/local-cluster=true" --v 1
