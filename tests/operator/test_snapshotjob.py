@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from podsnap import contract as c
+from podsnap.agent.executor import ExecutionError
 from tests.operator.conftest import NODE, Env
-from tests.operator.harness import cond_is, wait_for
+from tests.operator.harness import cond_is, condition, wait_for
 
 
 def snapshot_job(name: str, *, containers: list[dict[str, Any]] | None = None, **spec: Any) -> dict[str, Any]:
@@ -103,3 +104,96 @@ def test_capture_job_is_shaped_and_completes_through_the_agent(env: Env, ns: str
     assert call.request.root_pid == proc.pid and call.request.pod.container == "main"
     # the checkpoint ended the worker, so the Job goes (and with it the pod)
     wait_for(lambda: not env.cluster.kube.batch.list_namespaced_job(ns).items, what="capture Job deleted")
+
+
+def get_sj(env: Env, ns: str, name: str = "cap") -> dict[str, Any] | None:
+    return env.cluster.get(c.PLURAL_SNAPSHOT_JOBS, name, ns)
+
+
+def failed(env: Env, ns: str, reason: str, timeout: float = 20) -> dict[str, Any]:
+    return wait_for(
+        lambda: cond_is(s := get_sj(env, ns), c.COND_FAILED, reason=reason) and s,
+        timeout=timeout,
+        what=f"Failed/{reason}",
+    )
+
+
+def test_target_container_missing_from_the_template_is_invalid_spec(env: Env, ns: str) -> None:
+    env.cluster.create(
+        c.PLURAL_SNAPSHOT_JOBS, snapshot_job("cap", podSnapshotTemplate={"targetContainers": ["gpu-worker"]}), ns
+    )
+    sj = failed(env, ns, c.REASON_INVALID_SPEC)
+    assert "'gpu-worker' is not in spec.podTemplate" in condition(sj, c.COND_FAILED)["message"]  # type: ignore[index]
+    assert cond_is(sj, c.COND_RUNNING, "False") and sj["status"]["completedAt"]
+    assert not env.cluster.kube.batch.list_namespaced_job(ns).items, "no Job for an invalid spec"
+    wait_for(
+        lambda: [e for e in env.cluster.kube.core.list_namespaced_event(ns).items if e.reason == c.REASON_INVALID_SPEC],
+        what="InvalidSpec Event",
+    )
+
+
+def test_deadline_exceeded_when_the_pod_never_becomes_ready(env: Env, ns: str) -> None:
+    env.cluster.create(c.PLURAL_SNAPSHOT_JOBS, snapshot_job("cap", activeDeadlineSeconds=2), ns)
+    kubelet_starts_capture_pod(env, ns, "cap", ready=False)
+    sj = failed(env, ns, c.REASON_DEADLINE_EXCEEDED)
+    assert not cond_is(sj, c.COND_CAPTURED)
+    assert env.cluster.get(c.PLURAL_POD_SNAPSHOTS, "cap", ns) is None
+    wait_for(lambda: not env.cluster.kube.batch.list_namespaced_job(ns).items, what="Job deleted at the deadline")
+
+
+def test_source_that_exits_before_capture_fails_the_job(env: Env, ns: str) -> None:
+    """The kubelet reports the worker's pod Succeeded without it ever writing ready-for-snapshot."""
+    pod = capture_pod(env, ns, "cap") if env.cluster.create(c.PLURAL_SNAPSHOT_JOBS, snapshot_job("cap"), ns) else None
+    assert pod is not None
+    env.cluster.kubelet_bind(ns, pod["metadata"]["name"], NODE)
+    env.cluster.kubelet_run(ns, pod["metadata"]["name"], ready=False, phase="Succeeded")
+    sj = failed(env, ns, c.REASON_SOURCE_COMPLETED_WITHOUT_CAPTURE)
+    assert "ready-for-snapshot" in condition(sj, c.COND_FAILED)["message"]  # type: ignore[index]
+
+
+def test_capture_failure_fails_the_job_with_capture_failed(env: Env, ns: str) -> None:
+    env.cluster.create(c.PLURAL_SNAPSHOT_JOBS, snapshot_job("cap"), ns)
+    pod = capture_pod(env, ns, "cap")
+    name = pod["metadata"]["name"]
+    env.executor.fail_capture[name] = ExecutionError("cuCheckpointProcessLock: CUDA_ERROR_NOT_READY")
+    try:
+        kubelet_starts_capture_pod(env, ns, "cap")
+        sj = failed(env, ns, c.REASON_CAPTURE_FAILED)
+    finally:
+        env.executor.fail_capture.pop(name)
+    assert "CUDA_ERROR_NOT_READY" in condition(sj, c.COND_FAILED)["message"]  # type: ignore[index]
+    snap = env.cluster.get(c.PLURAL_POD_SNAPSHOTS, "cap", ns)
+    assert cond_is(snap, c.COND_FAILED, reason=c.REASON_CAPTURE_FAILED)
+    assert not cond_is(snap, c.COND_READY)
+
+
+def test_every_step_leaves_an_event_and_metrics_count_it(env: Env, ns: str) -> None:
+    from prometheus_client import generate_latest
+
+    env.cluster.create(c.PLURAL_SNAPSHOT_JOBS, snapshot_job("cap"), ns)
+    kubelet_starts_capture_pod(env, ns, "cap")
+    wait_for(lambda: cond_is(get_sj(env, ns), c.COND_COMPLETED), timeout=30, what="Completed")
+    wanted = {
+        "JobCreated",
+        c.REASON_POD_READY,
+        "PodSnapshotCreated",
+        "Bound",
+        c.REASON_CAPTURE_IN_PROGRESS,
+        c.REASON_CAPTURE_COMPLETED,
+        c.REASON_JOB_COMPLETED,
+    }
+    try:
+        wait_for(
+            lambda: wanted <= {e.reason for e in env.cluster.kube.core.list_namespaced_event(ns).items}, what="Events"
+        )
+    except AssertionError:
+        got = {e.reason for e in env.cluster.kube.core.list_namespaced_event(ns).items}
+        raise AssertionError(f"missing Events {sorted(wanted - got)}; got {sorted(got)}") from None
+    operator_metrics = generate_latest(env.operator_ctx.metrics.registry).decode()
+    agent_metrics = generate_latest(env.agent_ctx.metrics.registry).decode()
+    assert "podsnap_operator_capture_duration_seconds_count" in operator_metrics
+    count = next(
+        line for line in agent_metrics.splitlines() if line.startswith("podsnap_agent_capture_duration_seconds_count")
+    )
+    assert float(count.split()[-1]) >= 1
+    assert "podsnap_agent_pickup_seconds_bucket" in agent_metrics

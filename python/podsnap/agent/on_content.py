@@ -83,12 +83,16 @@ def content_capture(
     except ExecutionError as exc:
         fail(ctx, body, exc.reason, str(exc))
     _set(ctx, name, Condition(c.COND_READY, False, c.REASON_CAPTURE_IN_PROGRESS, f"capturing pid {request.root_pid}"))
-    event(
-        body,
-        type_="Normal",
-        reason=c.REASON_CAPTURE_IN_PROGRESS,
-        message=f"capturing {request.pod.namespace}/{request.pod.name}",
-    )
+    message = f"capturing {request.pod.namespace}/{request.pod.name} on {ctx.config.node_name}"
+    ref = spec.get("podSnapshotRef") or {}
+    snapshot = {
+        "apiVersion": c.API_VERSION,
+        "kind": c.KIND_POD_SNAPSHOT,
+        "metadata": {k: ref[k] for k in ("name", "namespace", "uid") if k in ref},
+    }
+    # on the content (cluster-scoped, so its Events land in the default namespace) and on the snapshot users watch
+    for obj in (body, snapshot):
+        event(obj, type_="Normal", reason=c.REASON_CAPTURE_IN_PROGRESS, message=message)
     logger.info(
         "capturing %s/%s (pids %s) into %s", request.pod.namespace, request.pod.name, request.pids, request.artifact_dir
     )
