@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
+from collections.abc import AsyncIterator
 from typing import Any
 
 import kopf
+import kubernetes
 
 from podsnap import contract as c
 from podsnap.operator.config import OperatorConfig
@@ -14,6 +17,17 @@ from podsnap.operator.runtime import ctx_of, registry
 
 #: kopf's own bookkeeping lives under this prefix, apart from the agent's (they share PodSnapshotContents)
 PROGRESS_PREFIX = f"operator.{c.GROUP}"
+
+
+log = logging.getLogger(__name__)
+
+
+class NoWebhookServer:
+    """An admission "server" that serves nothing, for an operator whose webhook is turned off."""
+
+    async def __call__(self, fn: Any) -> AsyncIterator[Any]:
+        await asyncio.Future()  # until the operator stops (then cancelled)
+        yield {}  # never reached; makes this an async generator as kopf expects
 
 
 def apply_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
@@ -30,22 +44,20 @@ def apply_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> N
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 30
-    if config.webhook_port:
-        cert, key = config.webhook_cert_dir / "tls.crt", config.webhook_cert_dir / "tls.key"
-        if cert.exists() and key.exists():
-            settings.admission.server = kopf.WebhookServer(
-                addr=config.webhook_host,
-                port=config.webhook_port,
-                path=config.webhook_prefix or None,
-                certfile=str(cert),
-                pkeyfile=str(key),
-            )
-        else:
-            logging.getLogger(__name__).warning(
-                "webhook disabled: no %s / %s (mount the chart's webhook TLS Secret there); new pods start cold",
-                cert,
-                key,
-            )
+    cert, key = config.webhook_cert_dir / "tls.crt", config.webhook_cert_dir / "tls.key"
+    if config.webhook_port and cert.exists() and key.exists():
+        settings.admission.server = kopf.WebhookServer(
+            addr=config.webhook_host,
+            port=config.webhook_port,
+            path=config.webhook_prefix or None,
+            certfile=str(cert),
+            pkeyfile=str(key),
+        )
+    else:
+        if config.webhook_port:
+            log.warning("webhook off: no %s / %s (mount the chart's webhook TLS Secret there)", cert, key)
+        # kopf refuses to start with admission handlers and no server; with the webhook off, new pods start cold
+        settings.admission.server = NoWebhookServer()
     # the chart owns the MutatingWebhookConfiguration; kopf must not rewrite it
     settings.admission.managed = None
 
@@ -55,8 +67,8 @@ def startup(*, settings: kopf.OperatorSettings, memo: Any, logger: kopf.Logger, 
     ctx = ctx_of(memo)
     apply_settings(settings, ctx.config)
     try:
-        version = ctx.kube.client.call_api("/version", "GET", response_type="object", auth_settings=["BearerToken"])[0]
-        ctx.server_minor = int(re.sub(r"\D", "", str(version.get("minor", "0"))) or 0)
+        version = kubernetes.client.VersionApi(ctx.kube.client).get_code()
+        ctx.server_minor = int(re.sub(r"\D", "", str(version.minor)) or 0)
     except Exception as exc:  # the version only picks a strategy; a wrong guess is the safe one (no gates)
         logger.warning("could not read the server version (%s); holding replicas instead of scheduling gates", exc)
     logger.info("podsnap operator started (server minor %s, gates %s)", ctx.server_minor, ctx.scheduling_gates)
