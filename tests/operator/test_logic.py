@@ -328,3 +328,23 @@ def test_artifact_paths_cannot_leave_the_root(tmp_path: Path) -> None:
     assert artifact_dir(tmp_path, "ns/snap-uid") == tmp_path.resolve() / "ns" / "snap-uid"
     with pytest.raises(ExecutionError, match="leaves the artifact root"):
         artifact_dir(tmp_path, "../../etc")
+
+
+def test_wait_for_checkpoint_gate_uses_scheduling_gates_where_the_server_has_them() -> None:
+    import types
+
+    import kopf
+
+    from podsnap.operator.on_pod_create import hold
+
+    pod = {"spec": {"nodeSelector": {"gpu": "h200"}, "containers": [{"name": "main"}]}}
+    for gates, key in ((True, "schedulingGates"), (False, "nodeSelector")):
+        patch = kopf.Patch()
+        hold(types.SimpleNamespace(scheduling_gates=gates), pod, patch)  # type: ignore[arg-type]
+        assert list(patch["spec"]) == [key]
+    gated = kopf.Patch()
+    hold(types.SimpleNamespace(scheduling_gates=True), pod, gated)  # type: ignore[arg-type]
+    assert gated["spec"]["schedulingGates"] == [{"name": c.SCHEDULING_GATE_WAIT}]
+    pinned = kopf.Patch()
+    hold(types.SimpleNamespace(scheduling_gates=False), pod, pinned)  # type: ignore[arg-type]
+    assert pinned["spec"]["nodeSelector"] == {"gpu": "h200", c.SCHEDULING_GATE_WAIT: "true"}

@@ -197,3 +197,19 @@ def test_every_step_leaves_an_event_and_metrics_count_it(env: Env, ns: str) -> N
     )
     assert float(count.split()[-1]) >= 1
     assert "podsnap_agent_pickup_seconds_bucket" in agent_metrics
+
+
+def test_spec_edits_are_refused_with_an_event(env: Env, ns: str) -> None:
+    """1.20 ignores the CRDs' CEL immutability rule, so the operator reports the edit and ignores it."""
+    env.cluster.create(c.PLURAL_SNAPSHOT_JOBS, snapshot_job("cap"), ns)
+    wait_for(lambda: cond_is(get_sj(env, ns), c.COND_RUNNING), what="Running")
+    env.cluster.kube.custom.patch_namespaced_custom_object(
+        c.GROUP, c.VERSION, ns, c.PLURAL_SNAPSHOT_JOBS, "cap", {"spec": {"activeDeadlineSeconds": 7}},
+        _content_type="application/merge-patch+json",
+    )  # fmt: skip
+    wait_for(
+        lambda: [e for e in env.cluster.kube.core.list_namespaced_event(ns).items if e.reason == "SpecImmutable"],
+        what="SpecImmutable Event",
+    )
+    job = env.cluster.kube.batch.read_namespaced_job("cap", ns)
+    assert job.spec.active_deadline_seconds == 3600
