@@ -72,6 +72,10 @@ def test_capture_job_is_shaped_and_completes_through_the_agent(env: Env, ns: str
         "localhostProfile": "podsnap/checkpoint.json",
     }
     assert {"name": c.CONTROL_VOLUME_NAME, "emptyDir": {}} in spec["volumes"]
+    [offset] = spec["initContainers"]
+    assert offset["image"] == "worker:1" and offset["command"][0] == "sh", (
+        "the worker's PID must be above a restore pod's"
+    )
     main = spec["containers"][0]
     assert {"name": c.ENV_CONTROL_DIR, "value": c.CONTROL_DIR_DEFAULT} in main["env"]
     assert {"name": c.CONTROL_VOLUME_NAME, "mountPath": c.CONTROL_DIR_DEFAULT} in main["volumeMounts"]

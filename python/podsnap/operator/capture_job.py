@@ -7,6 +7,9 @@ Why the Job looks the way it does:
 - readiness probe on `ready-for-snapshot` every second: pod Ready is the capture gate.
 - liveness/startup probes cleared on the target: a quiesced worker must not be restarted by the kubelet.
 - sidecar injection off: a mesh proxy's sockets would end up in the checkpoint.
+- an init container that uses up the first PIDs of the pod's (shared) PID namespace: CRIU restores the
+  worker with its namespace PID, which must be free in the restore pod, where the placeholder and its
+  probes take the low PIDs. With this offset the worker's PID is above anything a young restore pod uses.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ from podsnap.operator.conditions import Condition, find, is_true, parse_time
 DEFAULT_DEADLINE_S = 3600
 DEFAULT_TARGET_CONTAINERS = ("main",)
 SIDECAR_OFF_ANNOTATIONS = {"sidecar.istio.io/inject": "false", "linkerd.io/inject": "disabled"}
+PID_OFFSET = 2000
+PID_OFFSET_CONTAINER = "podsnap-pid-offset"
+#: forks (no exec) PID_OFFSET short-lived subshells: about a second, and only `sh` is needed in the image
+PID_OFFSET_SCRIPT = f"i=0; while [ $i -lt {PID_OFFSET} ]; do (:) & i=$((i+1)); done; wait"
 
 
 class InvalidSpec(ValueError):
@@ -114,6 +121,11 @@ def build_job(
         sc = pod.setdefault("securityContext", {})
         sc["seccompProfile"] = {"type": "Localhost", "localhostProfile": seccomp_profile}
     with_control_volume(pod)
+    target_image = next(ct.get("image") for ct in pod["containers"] if ct.get("name") == spec.target_container)
+    pod["initContainers"] = [
+        *(ct for ct in pod.get("initContainers") or [] if ct.get("name") != PID_OFFSET_CONTAINER),
+        {"name": PID_OFFSET_CONTAINER, "image": target_image, "command": ["sh", "-c", PID_OFFSET_SCRIPT]},
+    ]
     for container in pod["containers"]:
         if container.get("name") != spec.target_container:
             continue
