@@ -1,0 +1,94 @@
+"""The agent's real executor (`EngineExecutor`) over real CRIU: capture a worker inside one "pod" (PID +
+mount namespaces) by its host PID, restore it into another pod's namespaces, as the agent calls it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from podsnap.agent.engine_executor import EngineExecutor
+from podsnap.agent.executor import CaptureRequest, ExecutionError, IncompatibleError, PodRef, RestoreRequest
+from podsnap.engine import CriuError, find_binary, proctree
+from podsnap.engine.criu import Criu
+from tests.engine.helpers import Pod, http_get
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def pods(tmp_path: Path) -> Iterator[tuple[Pod, Pod]]:
+    if os.geteuid() != 0:
+        pytest.skip("CRIU needs root")
+    try:
+        Criu(find_binary()).version()
+    except CriuError as exc:
+        pytest.skip(f"CRIU unusable: {str(exc).splitlines()[0]}")
+    src = Pod(tmp_path / "pod-a", [])
+    dst = Pod(tmp_path / "pod-b", [])
+    try:
+        yield src, dst
+    finally:
+        src.stop()
+        dst.stop()
+
+
+def test_engine_executor_moves_a_worker_between_pods(pods: tuple[Pod, Pod], tmp_path: Path) -> None:
+    src, dst = pods
+    port, ns_pid, init_id = src.start_worker(tmp_path / "worker")
+    host_pid = proctree.host_pid_in_ns(ns_pid, src.init_pid)
+    assert host_pid is not None
+    before = http_get(port)
+    artifact = tmp_path / "artifacts" / "ns" / "snap-uid"
+    ref = PodRef("ns", "src", "uid-a", "main", "containerd://" + "a" * 64)
+    executor = EngineExecutor()
+
+    result = executor.capture(
+        CaptureRequest(pod=ref, pids=(host_pid,), root_pid=host_pid, artifact_dir=artifact, node="n")
+    )
+    assert result.size_bytes > 0 and result.digest.startswith("sha256:")
+    assert result.source["arch"] and result.source["kernel"]
+    assert (artifact / "manifest.json").exists()
+
+    restored = executor.restore(
+        RestoreRequest(
+            pod=PodRef("ns", "dst", "uid-b", "main", "containerd://" + "b" * 64),
+            placeholder_pids=(dst.init_pid,),
+            placeholder_root_pid=dst.init_pid,
+            artifact_dir=artifact,
+            skip_compat=False,
+            node="n",
+        )
+    )
+    assert restored.pids and proctree.pid_ns(restored.pids[0]) == proctree.pid_ns(dst.init_pid)
+    after = http_get(port)
+    assert after["init_id"] == init_id == before["init_id"]
+    assert after["requests"] == before["requests"] + 1
+
+    executor.remove(artifact)
+    assert not artifact.exists()
+
+
+def test_engine_errors_become_agent_reasons(pods: tuple[Pod, Pod], tmp_path: Path) -> None:
+    src, _ = pods
+    executor = EngineExecutor()
+    ref = PodRef("ns", "src", "uid", "main", "containerd://" + "a" * 64)
+    with pytest.raises(ExecutionError, match="PID 1") as caught:
+        executor.capture(
+            CaptureRequest(pod=ref, pids=(src.init_pid,), root_pid=src.init_pid, artifact_dir=tmp_path / "a", node="n")
+        )
+    assert caught.value.reason == "CaptureFailed" and not isinstance(caught.value, IncompatibleError)
+    with pytest.raises(ExecutionError) as missing:
+        executor.restore(
+            RestoreRequest(
+                pod=ref,
+                placeholder_pids=(src.init_pid,),
+                placeholder_root_pid=src.init_pid,
+                artifact_dir=tmp_path / "none",
+                skip_compat=False,
+                node="n",
+            )
+        )
+    assert missing.value.reason == "RestoreFailed"
