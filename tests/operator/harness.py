@@ -252,3 +252,5 @@ class Cluster:
     def cleanup(self) -> None:
         for proc in self.processes:
             proc.stop()
+        with contextlib.suppress(OSError):
+            (CGROUP_ROOT / "podsnap-test").rmdir()
