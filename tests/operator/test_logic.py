@@ -145,6 +145,12 @@ def test_state_source_completed_without_capture(source: dict[str, Any]) -> None:
     assert reasons(decide(**source))[c.COND_FAILED] == (True, c.REASON_SOURCE_COMPLETED_WITHOUT_CAPTURE)
 
 
+def test_state_job_deleted_before_capture() -> None:
+    step = decide(job=None, job_expected=True, pod=pod())
+    assert reasons(step)[c.COND_FAILED] == (True, c.REASON_SOURCE_COMPLETED_WITHOUT_CAPTURE)
+    assert not decide(job=None, pod=pod(ready=False)).terminal  # not created yet: still pending
+
+
 def test_state_terminal_is_final() -> None:
     status = {"conditions": [{"type": c.COND_FAILED, "status": "True", "reason": "X"}]}
     step = decide(status=status, pod=pod(), snapshot=snap(c.COND_READY))

@@ -219,7 +219,9 @@ def decide(
     job: Mapping[str, Any] | None,
     pod: Mapping[str, Any] | None,
     snapshot: Mapping[str, Any] | None,
+    job_expected: bool = False,
 ) -> Step:
+    """One reconcile. `job_expected`: the Job was created, so its absence means someone deleted it."""
     status = status or {}
     stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
     if is_terminal(status):
@@ -270,6 +272,8 @@ def decide(
             }
         return step
 
+    if job is None and job_expected:
+        return _fail(c.REASON_SOURCE_COMPLETED_WITHOUT_CAPTURE, "the capture Job was deleted before a capture", stamp)
     phase = (pod or {}).get("status", {}).get("phase")
     if finished is not None or phase in ("Succeeded", "Failed"):
         what = f"Job {finished[0]} ({finished[1]})" if finished else f"pod {phase}"

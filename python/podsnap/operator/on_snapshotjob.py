@@ -131,18 +131,15 @@ def snapshotjob_reconcile(
     if snapshot is not None and (snapshot["metadata"].get("labels") or {}).get(c.LABEL_SNAPSHOT_JOB) != name:
         snapshot = None  # a PodSnapshot of that name that this job did not make
     now = datetime.datetime.now(datetime.UTC)
-    step = decide(status=status, deadline_s=capture.deadline_s, now=now, job=job_body, pod=pod, snapshot=snapshot)
-    if job_body is None and snapshot is None and not step.terminal:
-        msg = f"the capture Job {status['jobName']} was deleted before a capture"
-        step = decide(
-            status=status,
-            deadline_s=capture.deadline_s,
-            now=now,
-            job={"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "Deleted"}]}},
-            pod=None,
-            snapshot=None,
-        )
-        logger.info(msg)
+    step = decide(
+        status=status,
+        deadline_s=capture.deadline_s,
+        now=now,
+        job=job_body,
+        pod=pod,
+        snapshot=snapshot,
+        job_expected=True,
+    )
     if step.create_snapshot_for is not None:
         created, fresh = kube.create_cr(
             c.PLURAL_POD_SNAPSHOTS,
