@@ -67,7 +67,9 @@ def test_a_corrupt_artifact_fails_the_restore_and_the_pod_never_serves(
         for c in cluster.core.read_namespaced_pod(pod, namespace).status.conditions
         if c.type == contract.POD_CONDITION_RESTORED
     )
-    assert cond.message, "RestoreFailed carries no message saying why"
+    assert cond.message and any(
+        w in cond.message.lower() for w in ("digest", "sha256", "corrupt", "tamper", "mismatch")
+    ), f"RestoreFailed does not say the artifact is corrupt: {cond.message}"
     _assert_not_serving(cluster, namespace, pod)
 
 

@@ -20,7 +20,7 @@ def test_immediate_serves_cold_while_capturing_and_restores_pods_created_after_r
 ) -> None:
     run = run_capture(cluster, podsnap, namespace, APP, startup=contract.STARTUP_POLICY_IMMEDIATE)
     timings.values.update({f"immediate_{k}": v for k, v in run.seconds.items()})
-    (first,) = run.serving
+    (first,) = run.require_serving()
     assert restore_from(first) is None and restored(first) is None, (
         f"the first pod should have started cold: {restored_summary(run.serving)}"
     )

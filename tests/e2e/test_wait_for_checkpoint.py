@@ -62,7 +62,7 @@ def test_the_policy_is_ready_and_names_its_checkpoint(run: CaptureRun) -> None:
 
 
 def test_the_serving_pod_is_restored_from_that_checkpoint(run: CaptureRun) -> None:
-    (pod,) = run.serving
+    (pod,) = run.require_serving()
     assert restored(pod) == RESTORED, restored_summary(run.serving)
     assert restore_from(pod) == run.checkpoint
 
@@ -71,7 +71,7 @@ def test_the_restored_worker_answers_with_the_source_init_id(
     cluster: Cluster, run: CaptureRun, podsnap: E2EConfig
 ) -> None:
     assert run.source_init_ids, "the capture source never answered /health before it was checkpointed"
-    (pod,) = run.serving
+    (pod,) = run.require_serving()
     health = worker_health(cluster, run.namespace, pod.metadata.name, podsnap.demo_port)
     assert init_id(health) in run.source_init_ids, (
         f"pod {pod.metadata.name} answers with init id {init_id(health)}, the source had {run.source_init_ids}: "

@@ -43,7 +43,14 @@ class CaptureRun:
     #: serving pods seen Ready while the capture ran, and whether each was restored
     ready_while_capturing: dict[str, str | None] = field(default_factory=dict)
     serving: list[kclient.V1Pod] = field(default_factory=list)
+    #: why the serving pods did not all become Ready (then `serving` holds them as they were)
+    serving_error: str = ""
     seconds: dict[str, float] = field(default_factory=dict)
+
+    def require_serving(self) -> list[kclient.V1Pod]:
+        """The Ready serving pods; fails the calling test (only) when they never became Ready."""
+        assert not self.serving_error, self.serving_error
+        return self.serving
 
     @property
     def checkpoint(self) -> str:
@@ -123,7 +130,12 @@ def run_capture(
     captured = _ts(ready_cond.get("lastTransitionTime") if ready_cond else None)
     if started and captured:
         run.seconds["capture"] = (captured - started).total_seconds()
-    run.serving = wait_serving(cluster, namespace, app, replicas, cfg.timeout_s)
+    try:
+        run.serving = wait_serving(cluster, namespace, app, replicas, cfg.timeout_s)
+    except WaitTimeout as exc:
+        run.serving = serving_pods(cluster, namespace, app)
+        run.serving_error = f"{exc}; restore states: {restored_summary(run.serving)}"
+        return run
     for pod in run.serving:
         for key, cond in (("restore_pod_restored", contract.POD_CONDITION_RESTORED), ("restore_pod_ready", "Ready")):
             secs = pod_start_seconds(pod, cond)

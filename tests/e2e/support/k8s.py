@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import urllib3
 from kubernetes import client as kclient
 from kubernetes import config as kconfig
 from kubernetes.client.exceptions import ApiException
@@ -123,7 +124,7 @@ class Cluster:
                 obj = self.custom.get_cluster_custom_object(contract.GROUP, contract.VERSION, plural, name)
             else:
                 obj = self.custom.get_namespaced_custom_object(
-                    contract.GROUP, contract.VERSION, plural, namespace, name
+                    contract.GROUP, contract.VERSION, namespace, plural, name
                 )
         except ApiException as exc:
             if exc.status == 404:
@@ -138,7 +139,7 @@ class Cluster:
             )
         else:
             out = self.custom.list_namespaced_custom_object(
-                contract.GROUP, contract.VERSION, plural, namespace, label_selector=selector
+                contract.GROUP, contract.VERSION, namespace, plural, label_selector=selector
             )
         return list(out.get("items", []))
 
@@ -160,6 +161,9 @@ class Cluster:
             raw, status = resp.data, int(resp.status)
         except ApiException as exc:
             raw, status = (exc.body or b""), int(exc.status or 0)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            # a worker frozen by a checkpoint, or a pod going away: no answer is an answer here
+            return 0, f"{type(exc).__name__}: {exc}"
         text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
         try:
             return status, json.loads(text)
