@@ -32,7 +32,7 @@ RELEASE_NS = "podsnap-system"
 CGROUP_ROOT = Path("/sys/fs/cgroup/pids")
 
 
-def wait_for(fn: Callable[[], T], *, timeout: float = 20.0, interval: float = 0.1, what: str = "") -> T:
+def wait_for(fn: Callable[[], T], *, timeout: float = 30.0, interval: float = 0.1, what: str = "") -> T:
     """Poll until `fn()` returns something truthy; fail with `what` and the last value."""
     deadline = time.monotonic() + timeout
     last: Any = None

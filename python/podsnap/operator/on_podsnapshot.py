@@ -156,6 +156,19 @@ def mirror(snapshot: dict[str, Any], content: Mapping[str, Any]) -> bool:
     return bool(status != before)
 
 
+@kopf.timer(*SNAPSHOTS, registry=registry, interval=3.0, initial_delay=3.0, when=_not_terminal)
+def podsnapshot_resync(*, status: kopf.Status, memo: Any, logger: kopf.Logger, **_: Any) -> None:
+    """Event handlers are not retried: if a content event was lost (an API error while mirroring), this
+    level-triggered pass mirrors the content's current status onto a snapshot that is still pending."""
+    name = status.get("boundSnapshotContentName")
+    if not name:
+        return
+    ctx = ctx_of(memo)
+    content = ctx.kube.get_cr(c.PLURAL_POD_SNAPSHOT_CONTENTS, name)
+    if content is not None and not (content.get("metadata") or {}).get("deletionTimestamp"):
+        mirror_content(ctx, content)
+
+
 @kopf.on.event(*CONTENTS, registry=registry)
 def content_changed(*, body: kopf.Body, type: str | None, memo: Any, logger: kopf.Logger, **_: Any) -> None:
     ctx = ctx_of(memo)
@@ -165,6 +178,11 @@ def content_changed(*, body: kopf.Body, type: str | None, memo: Any, logger: kop
     if meta.get("deletionTimestamp"):
         _collect_orphan(ctx, body, logger)
         return
+    mirror_content(ctx, body)
+
+
+def mirror_content(ctx: OperatorContext, body: Mapping[str, Any]) -> None:
+    """Copy a content's status onto its PodSnapshot; Events and metrics on the transitions."""
     ref = (body.get("spec") or {}).get("podSnapshotRef") or {}
     if not ref.get("name") or not ref.get("namespace"):
         return
