@@ -61,3 +61,38 @@ def test_operator_restart_after_the_snapshot_was_created_converges(env: Env, ns:
     )
     assert cond_is(env.cluster.get(c.PLURAL_POD_SNAPSHOTS, "cap", ns), c.COND_READY)
     assert len(env.executor.of("capture", pod["metadata"]["name"], ns)) == 1
+
+
+def test_operator_sigkilled_mid_flow_converges_without_duplicates(env: Env, ns: str) -> None:
+    """A real kill: the `podsnap-operator` process gets SIGKILL after creating the Job; the operator started
+    afterwards finishes the same capture."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env.operator.stop()
+    proc = None
+    try:
+        environ = {**os.environ, c.ENV_WEBHOOK_PORT: "0", c.ENV_METRICS_PORT: "0", c.ENV_HEALTH_PORT: "0"}
+        exe = Path(sys.executable).parent / "podsnap-operator"
+        proc = subprocess.Popen([str(exe), "--kubeconfig", str(env.operator_kubeconfig)], env=environ)
+        env.cluster.create(c.PLURAL_SNAPSHOT_JOBS, snapshot_job("cap"), ns)
+        wait_for(lambda: env.cluster.kube.batch.list_namespaced_job(ns).items, what="Job from the process")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        pod, _ = kubelet_starts_capture_pod(env, ns, "cap")
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        env.operator.ctx = operator_main.build_context(env.operator_ctx.config)
+        env.operator.start()
+    wait_for(lambda: cond_is(env.cluster.get(c.PLURAL_SNAPSHOT_JOBS, "cap", ns), c.COND_COMPLETED), what="Completed")
+    assert [
+        s["metadata"]["name"]
+        for s in env.cluster.kube.custom.list_namespaced_custom_object(c.GROUP, c.VERSION, ns, c.PLURAL_POD_SNAPSHOTS)[
+            "items"
+        ]
+    ] == ["cap"]
+    assert len(env.executor.of("capture", pod["metadata"]["name"], ns)) == 1
