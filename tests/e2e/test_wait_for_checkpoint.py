@@ -8,6 +8,7 @@ One capture serves the whole module (it is the expensive step); the tests read w
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,7 @@ from tests.e2e.support.flow import (
     wait_serving,
     worker_health,
 )
-from tests.e2e.support.k8s import Cluster, condition, create_namespace, delete_namespace
+from tests.e2e.support.k8s import Cluster, Pending, condition, create_namespace, delete_namespace, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 APP = "worker"
@@ -41,10 +42,17 @@ def run(cluster: Cluster, podsnap: E2EConfig, timings: Timings) -> Iterator[Capt
         delete_namespace(cluster, ns)
 
 
-def test_a_snapshot_job_captures_the_worker(run: CaptureRun) -> None:
+def test_a_snapshot_job_captures_the_worker(cluster: Cluster, run: CaptureRun, podsnap: E2EConfig) -> None:
     assert run.job, f"the policy names no SnapshotJob: {run.policy_status}"
-    captured = condition(run.job, contract.COND_CAPTURED)
-    assert captured and captured["status"] == "True", f"SnapshotJob not Captured: {run.job.get('status')}"
+    name = run.job["metadata"]["name"]
+
+    def captured() -> dict[str, Any] | Pending:
+        job = cluster.get_custom(contract.PLURAL_SNAPSHOT_JOBS, name, run.namespace) or {}
+        cond = condition(job, contract.COND_CAPTURED)
+        return job if cond and cond["status"] == "True" else Pending(str(job.get("status")))
+
+    # the SnapshotJob's status follows its PodSnapshot's by a reconcile or two
+    wait_until(captured, timeout=podsnap.timeout_s, what=f"SnapshotJob {name} Captured=True")
     ready = condition(run.snapshot, contract.COND_READY)
     assert ready and ready["status"] == "True", run.snapshot.get("status")
     artifact = (run.snapshot.get("status") or {}).get("artifact") or {}
