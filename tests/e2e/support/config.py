@@ -6,7 +6,7 @@ PODSNAP_E2E_VALUES       chart values file(s), comma-separated; default: overlay
                          tests/e2e/values/local-cluster.yaml
 PODSNAP_E2E_DEMO_IMAGE   the demo worker image; default localhost/podsnap-demo:dev
 PODSNAP_E2E_GPU          "1": the demo worker asks for one nvidia.com/gpu and runs on it (kind with GPUs)
-PODSNAP_E2E_TIMEOUT      seconds a single wait may take (default 240)
+PODSNAP_E2E_TIMEOUT      seconds a single wait may take (default 150)
 PODSNAP_E2E_OUT          where timings go (default out/e2e)
 """
 
@@ -57,11 +57,11 @@ class E2EConfig:
                 chart_owned if chart_owned.is_file() else Path(__file__).parents[1] / "values" / "local-cluster.yaml",
             )
         demo_image = os.environ.get("PODSNAP_E2E_DEMO_IMAGE", "localhost/podsnap-demo:dev")
-        timeout = os.environ.get("PODSNAP_E2E_TIMEOUT", "240")
+        timeout = os.environ.get("PODSNAP_E2E_TIMEOUT", "150")
         try:
             timeout_s = float(timeout)
         except ValueError:
-            raise ValueError(f"PODSNAP_E2E_TIMEOUT={timeout!r}: set it to a number of seconds, e.g. 240") from None
+            raise ValueError(f"PODSNAP_E2E_TIMEOUT={timeout!r}: set it to a number of seconds, e.g. 150") from None
         return cls(
             kubeconfig=kubeconfig,
             values_files=values_files,
