@@ -44,7 +44,7 @@ test-engine: setup ## real CRIU capture -> restore of the demo worker (CPU)
 	$(PYTEST) tests/engine $(PYTEST_ARGS)
 
 test-operator: setup ## operator + agent against a real etcd + kube-apiserver + controller-manager
-	$(PYTEST) tests/operator $(PYTEST_ARGS)
+	$(PYTEST) tests/operator tests/agent $(PYTEST_ARGS)
 
 test-e2e: setup cluster-up ## the user's flow on the local single-node Kubernetes
 	$(PYTEST) -m cluster tests/e2e $(PYTEST_ARGS)
