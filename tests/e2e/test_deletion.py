@@ -29,7 +29,7 @@ def _pvcs_bound(cluster: Cluster, cfg: E2EConfig) -> bool:
 def test_deleting_the_example_with_delete_removes_its_capture_and_artifact_and_keeps_the_pvc(
     cluster: Cluster, podsnap: E2EConfig, namespace: str
 ) -> None:
-    run = run_capture(cluster, podsnap, namespace, APP, deletion=contract.DELETION_POLICY_DELETE)
+    run = run_capture(cluster, podsnap, namespace, APP, deletion=contract.DELETION_POLICY_DELETE, serve=False)
     content = artifacts.content_of(cluster, run.snapshot)
     assert artifacts.artifact_exists(cluster, podsnap, content)
     _delete_example(cluster, namespace)
@@ -53,7 +53,7 @@ def test_deleting_the_example_with_delete_removes_its_capture_and_artifact_and_k
 def test_deleting_the_example_with_retain_keeps_the_snapshot_and_its_artifact(
     cluster: Cluster, podsnap: E2EConfig, namespace: str
 ) -> None:
-    run = run_capture(cluster, podsnap, namespace, APP, deletion=contract.DELETION_POLICY_RETAIN)
+    run = run_capture(cluster, podsnap, namespace, APP, deletion=contract.DELETION_POLICY_RETAIN, serve=False)
     content = artifacts.content_of(cluster, run.snapshot)
     _delete_example(cluster, namespace)
     snapshot = cluster.get_custom(contract.PLURAL_POD_SNAPSHOTS, run.checkpoint, namespace)

@@ -21,7 +21,7 @@ from tests.e2e.support.flow import (
     snapshot_policy,
     wait_serving,
 )
-from tests.e2e.support.k8s import Cluster, condition, pod_ready, wait_until
+from tests.e2e.support.k8s import Cluster, Pending, condition, pod_ready, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 APP = "worker"
@@ -45,6 +45,18 @@ def _restore_verdict(cluster: Cluster, cfg: E2EConfig, namespace: str, pod: str)
     return str(wait_until(terminal, timeout=cfg.timeout_s, what=f"a restore verdict on pod {pod}"))
 
 
+def _settled(cluster: Cluster, cfg: E2EConfig, namespace: str) -> set[str]:
+    """The workload's pods once the first has a restore verdict, so what follows only touches new pods."""
+
+    def verdicts() -> set[str] | Pending:
+        pods = serving_pods(cluster, namespace, APP)
+        states = {p.metadata.name: restored(p) for p in pods}
+        done = pods and all(s and not s.endswith(contract.REASON_RESTORE_IN_PROGRESS) for s in states.values())
+        return set(states) if done else Pending(str(states))
+
+    return wait_until(verdicts, timeout=cfg.timeout_s, what=f"a restore verdict on the pods of {namespace}/{APP}")
+
+
 def _assert_not_serving(cluster: Cluster, namespace: str, pod: str) -> None:
     obj = cluster.core.read_namespaced_pod(pod, namespace)
     assert not pod_ready(obj), f"pod {pod} is Ready after a failed restore"
@@ -56,10 +68,11 @@ def _assert_not_serving(cluster: Cluster, namespace: str, pod: str) -> None:
 def test_a_corrupt_artifact_fails_the_restore_and_the_pod_never_serves(
     cluster: Cluster, podsnap: E2EConfig, namespace: str
 ) -> None:
-    run = run_capture(cluster, podsnap, namespace, APP)
+    run = run_capture(cluster, podsnap, namespace, APP, serve=False)
+    known = _settled(cluster, podsnap, namespace)
     content = artifacts.content_of(cluster, run.snapshot)
     artifacts.in_artifact(cluster, podsnap, content, artifacts.CORRUPT)
-    pod = _new_pod_after_scale(cluster, podsnap, namespace, {p.metadata.name for p in run.serving}, 2)
+    pod = _new_pod_after_scale(cluster, podsnap, namespace, known, 2)
     verdict = _restore_verdict(cluster, podsnap, namespace, pod)
     assert verdict == f"False/{contract.REASON_RESTORE_FAILED}", verdict
     cond = next(
@@ -76,11 +89,12 @@ def test_a_corrupt_artifact_fails_the_restore_and_the_pod_never_serves(
 def test_a_snapshot_from_an_incompatible_node_is_refused_with_restore_incompatible(
     cluster: Cluster, podsnap: E2EConfig, namespace: str
 ) -> None:
-    run = run_capture(cluster, podsnap, namespace, APP)
+    run = run_capture(cluster, podsnap, namespace, APP, serve=False)
+    known = _settled(cluster, podsnap, namespace)
     content = artifacts.content_of(cluster, run.snapshot)
     # this cluster may have one node: the snapshot is made to claim another kernel than the target's
     artifacts.in_artifact(cluster, podsnap, content, artifacts.OTHER_KERNEL)
-    pod = _new_pod_after_scale(cluster, podsnap, namespace, {p.metadata.name for p in run.serving}, 2)
+    pod = _new_pod_after_scale(cluster, podsnap, namespace, known, 2)
     verdict = _restore_verdict(cluster, podsnap, namespace, pod)
     assert verdict == f"False/{contract.REASON_RESTORE_INCOMPATIBLE}", verdict
     cond = next(

@@ -84,9 +84,10 @@ def run_capture(
     startup: str = contract.STARTUP_POLICY_WAIT,
     deletion: str = contract.DELETION_POLICY_DELETE,
     replicas: int = 1,
+    serve: bool = True,
 ) -> CaptureRun:
     """Policy first (so WaitForCheckpoint holds the workload from its first pod), then Service and
-    Deployment; returns once the policy is ready and `replicas` serving pods are Ready."""
+    Deployment; returns once the policy is ready and (with `serve`) `replicas` serving pods are Ready."""
     run = CaptureRun(namespace, app, startup)
     t0 = time.monotonic()
     cluster.apply([snapshot_policy(app, app, startup, deletion)], namespace)
@@ -130,6 +131,9 @@ def run_capture(
     captured = _ts(ready_cond.get("lastTransitionTime") if ready_cond else None)
     if started and captured:
         run.seconds["capture"] = (captured - started).total_seconds()
+    if not serve:
+        run.serving = serving_pods(cluster, namespace, app)
+        return run
     try:
         run.serving = wait_serving(cluster, namespace, app, replicas, cfg.timeout_s)
     except WaitTimeout as exc:
