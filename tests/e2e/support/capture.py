@@ -136,7 +136,7 @@ def run_capture(
         return run
     try:
         run.serving = wait_serving(cluster, namespace, app, replicas, cfg.timeout_s)
-    except WaitTimeout as exc:
+    except AssertionError as exc:  # a timeout, or a restore that failed for good
         run.serving = serving_pods(cluster, namespace, app)
         run.serving_error = f"{exc}; restore states: {restored_summary(run.serving)}"
         return run

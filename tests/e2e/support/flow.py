@@ -21,6 +21,7 @@ from tests.e2e.support.config import E2EConfig
 from tests.e2e.support.k8s import Cluster, Pending, condition, pod_condition, pod_ready, wait_until
 
 CONTAINER = "main"
+TERMINAL_RESTORE_FAILURES = (contract.REASON_RESTORE_FAILED, contract.REASON_RESTORE_INCOMPATIBLE)
 
 
 # --- manifests -----------------------------------------------------------------------------------
@@ -169,6 +170,11 @@ def chat(cluster: Cluster, namespace: str, service: str, prompt: str = "hello") 
 def wait_serving(cluster: Cluster, namespace: str, app: str, count: int, timeout: float) -> list[kclient.V1Pod]:
     def ready() -> list[kclient.V1Pod] | Pending:
         pods = serving_pods(cluster, namespace, app)
+        for p in pods:
+            # a refused or failed restore is terminal: that pod never serves, no need to wait it out
+            cond = pod_condition(p, contract.POD_CONDITION_RESTORED)
+            if cond and cond.status == "False" and cond.reason in TERMINAL_RESTORE_FAILURES:
+                raise AssertionError(f"pod {p.metadata.name}: {cond.reason}: {cond.message}")
         good = [p for p in pods if pod_ready(p)]
         if len(good) >= count:
             return good
