@@ -2,8 +2,7 @@
 
 PODSNAP_E2E_KUBECONFIG   kubeconfig of the cluster under test; default: the local cluster's
                          (`make cluster-up` writes /var/lib/podsnap-cluster/kubeconfig)
-PODSNAP_E2E_VALUES       chart values file(s), comma-separated; default: overlays/local-cluster/values.yaml, else
-                         tests/e2e/values/local-cluster.yaml
+PODSNAP_E2E_VALUES       chart values file(s), comma-separated; default: overlays/local-cluster/values.yaml
 PODSNAP_E2E_DEMO_IMAGE   the demo worker image; default localhost/podsnap-demo:dev
 PODSNAP_E2E_GPU          "1": the demo worker asks for one nvidia.com/gpu and runs on it (kind with GPUs)
 PODSNAP_E2E_TIMEOUT      seconds a single wait may take (default 150)
@@ -52,10 +51,7 @@ class E2EConfig:
         if values:
             values_files = tuple(REPO / v.strip() for v in values.split(",") if v.strip())
         else:
-            chart_owned = REPO / "overlays" / "local-cluster" / "values.yaml"
-            values_files = (
-                chart_owned if chart_owned.is_file() else Path(__file__).parents[1] / "values" / "local-cluster.yaml",
-            )
+            values_files = (REPO / "overlays" / "local-cluster" / "values.yaml",)
         demo_image = os.environ.get("PODSNAP_E2E_DEMO_IMAGE", "localhost/podsnap-demo:dev")
         timeout = os.environ.get("PODSNAP_E2E_TIMEOUT", "150")
         try:
