@@ -26,6 +26,8 @@ if [ "${PODSNAP_KIND_SKIP_BUILD:-0}" != 1 ]; then
      | grep -v -e __pycache__ -e '\.egg-info/' | tar -cf - -T -) | tar -xf - -C "$CTX"
   docker build -q -f "$CTX/images/operator/Dockerfile" -t "localhost/podsnap-operator:$TAG" "$CTX" >/dev/null
   docker build -q -f "$CTX/images/agent/Dockerfile" -t "localhost/podsnap-agent:$TAG" "$CTX" >/dev/null
+  docker build -q -f "$CTX/images/agent/Dockerfile" --build-arg PODSNAP_EXTRAS=gpu \
+    -t "localhost/podsnap-agent-gpu:$TAG" "$CTX" >/dev/null
   docker build -q -f "$CTX/images/demo/Dockerfile" -t "localhost/podsnap-demo:$TAG" "$CTX" >/dev/null
   docker build -q -f "$CTX/images/demo/Dockerfile" --build-arg PODSNAP_EXTRAS=gpu,torch \
     -t "localhost/podsnap-demo-gpu:$TAG" "$CTX" >/dev/null
@@ -56,7 +58,7 @@ for n in $NODES; do
   kubectl --kubeconfig "$KCFG" label node "$n" podsnap.io/local-cluster=true --overwrite >/dev/null
 done
 step "NVIDIA runtime in the node(s)"
-for img in operator agent demo demo-gpu; do kind load docker-image --name "$NAME" "localhost/podsnap-$img:$TAG" >/dev/null; done
+for img in operator agent agent-gpu demo demo-gpu; do kind load docker-image --name "$NAME" "localhost/podsnap-$img:$TAG" >/dev/null; done
 step "images loaded"
 
 # --- NVIDIA device plugin: only when the user has its chart (nothing is fetched behind their back) -----------
@@ -69,7 +71,7 @@ elif [ -n "${NVIDIA_DEVICE_PLUGIN_MANIFEST:-}" ]; then
 else
   log "NVIDIA device plugin not installed: add its Helm repo (helm repo add nvdp https://nvidia.github.io/k8s-device-plugin) or set NVIDIA_DEVICE_PLUGIN_MANIFEST, then rerun"
 fi
-VALUES=overlays/kind-gpu/values.yaml; [ -f "$ROOT/$VALUES" ] || VALUES=overlays/local-cluster/values.yaml
+VALUES=hack/kind/values-gpu.yaml
 cat <<MSG
 kind cluster '$NAME' ready. KUBECONFIG=$KCFG
 Run the e2e flow on it (GPU demo worker):
