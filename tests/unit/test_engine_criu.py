@@ -17,14 +17,14 @@ def test_container_defaults_on_the_host() -> None:
         "tcp-established",
         "file-locks",
         "ext-unix-sk",
-        "manage-cgroups soft",
+        "manage-cgroups=soft",
         "link-remap",
     ]
 
 
 def test_namespace_mode_ignores_cgroups_and_tcp_close_is_honoured() -> None:
     lines = CriuOptions(tcp="close", extra=("ghost-limit 64M",)).restore_lines(True)
-    assert "manage-cgroups ignore" in lines and "tcp-close" in lines and lines[-1] == "ghost-limit 64M"
+    assert "manage-cgroups=ignore" in lines and "tcp-close" in lines and lines[-1] == "ghost-limit 64M"
     assert "link-remap" not in lines
 
 

@@ -76,7 +76,10 @@ class CriuOptions:
             lines.append("file-locks")
         if self.ext_unix_sk:
             lines.append("ext-unix-sk")
-        lines.append(f"manage-cgroups {self._cgroups(namespaced)}")
+        # one word with "=": CRIU's config parser turns each word into an argv entry, and getopt does not
+        # take the next entry as the value of an optional-argument option, so "manage-cgroups ignore"
+        # silently meant the default mode (soft), which mounts a cgroup yard a pod's mount ns refuses
+        lines.append(f"manage-cgroups={self._cgroups(namespaced)}")
         return lines
 
     def dump_lines(self, namespaced: bool, *, net_ns_inode: int | None = None) -> list[str]:
