@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import tool
 from tests.e2e.support.config import E2EConfig
 from tests.e2e.support.flow import Timings
-from tests.e2e.support.k8s import Cluster, create_namespace, delete_namespace
+from tests.e2e.support.k8s import E2E_NAMESPACE_LABEL, Cluster, create_namespace, delete_namespace, wait_until
 
 RELEASE_LABEL = "app.kubernetes.io/instance"
 
@@ -74,8 +74,9 @@ def timings(e2e_config: E2EConfig) -> Iterator[Timings]:
 
 
 @pytest.fixture(scope="session")
-def podsnap(cluster: Cluster, e2e_config: E2EConfig, timings: Timings) -> E2EConfig:
-    """podsnap installed the way the walkthrough does (helm upgrade --install --reuse-values), rolled out."""
+def podsnap(cluster: Cluster, e2e_config: E2EConfig, timings: Timings) -> Iterator[E2EConfig]:
+    """podsnap installed the way the walkthrough does (helm upgrade --install --reuse-values), rolled out;
+    uninstalled at the end, once the operator has finished the tests' namespaces (its finalizers)."""
     cfg = e2e_config
     missing = [str(v) for v in cfg.values_files if not v.is_file()]
     assert not missing, (
@@ -93,7 +94,15 @@ def podsnap(cluster: Cluster, e2e_config: E2EConfig, timings: Timings) -> E2ECon
                 "rollout", "status", f"{kind}/{name}", "-n", cfg.release_namespace, f"--timeout={int(cfg.timeout_s)}s",
                 timeout=cfg.timeout_s + 30,
             )  # fmt: skip
-    return cfg
+    yield cfg
+    try:
+        wait_until(
+            lambda: not cluster.core.list_namespace(label_selector=E2E_NAMESPACE_LABEL).items or None,
+            timeout=cfg.timeout_s,
+            what="the e2e namespaces to be deleted (the operator's finalizers)",
+        )
+    finally:
+        cluster.helm("uninstall", cfg.release, "-n", cfg.release_namespace, "--wait", check=False)
 
 
 def _slug(name: str) -> str:

@@ -171,10 +171,14 @@ class Cluster:
             return status, text
 
 
+E2E_NAMESPACE_LABEL = "podsnap.io/e2e=true"
+
+
 def create_namespace(cluster: Cluster, prefix: str) -> str:
     """A fresh namespace `e2e-<prefix>-<random>` with its default ServiceAccount in place."""
     name = f"e2e-{prefix}-{secrets.token_hex(2)}"
-    cluster.core.create_namespace({"metadata": {"name": name, "labels": {"podsnap.io/e2e": "true"}}})
+    key, value = E2E_NAMESPACE_LABEL.split("=")
+    cluster.core.create_namespace({"metadata": {"name": name, "labels": {key: value}}})
     wait_until(
         lambda: any(sa.metadata.name == "default" for sa in cluster.core.list_namespaced_service_account(name).items),
         timeout=30,
