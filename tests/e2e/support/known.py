@@ -9,9 +9,10 @@ import pytest
 RESTORE_IN_A_POD = pytest.mark.xfail(
     strict=True,
     reason=(
-        "restore into a real pod fails: the agent's CRIU restore exits 1 at 'cg: Preparing cgroups yard "
-        "(cgroups restore mode 0x4)' with 'Unable to mount tmpfs in .criu.cgyard.*: Invalid argument' "
-        "(the dump carries cgroup info, so restore makes a cgroup yard in its work dir, which is in the "
-        "agent's mount namespace, not the pod's): every pod shaped for restore ends RestoreFailed"
+        "restore into a real pod fails (issue 5, engine/criu.py): the CRIU config file says "
+        "'manage-cgroups ignore', but CRIU reads an optional argument only as 'manage-cgroups=ignore', so it "
+        "restores in soft mode (log: 'cgroups restore mode 0x4') and fails making its cgroup yard in a work "
+        "dir outside the pod's mount namespace ('Unable to mount tmpfs in .criu.cgyard.*: Invalid argument'): "
+        "every pod shaped for restore ends RestoreFailed"
     ),
 )
