@@ -141,7 +141,7 @@ def run_capture(
         run.serving_error = f"{exc}; restore states: {restored_summary(run.serving)}"
         return run
     for pod in run.serving:
-        for key, cond in (("restore_pod_restored", contract.POD_CONDITION_RESTORED), ("restore_pod_ready", "Ready")):
+        for key, cond in (("serving_pod_restored", contract.POD_CONDITION_RESTORED), ("serving_pod_ready", "Ready")):
             secs = pod_start_seconds(pod, cond)
             if secs is not None:
                 run.seconds[key] = max(secs, run.seconds.get(key, 0.0))

@@ -5,7 +5,7 @@ PODSNAP_E2E_KUBECONFIG   kubeconfig of the cluster under test; default: the loca
 PODSNAP_E2E_VALUES       chart values file(s), comma-separated; default: overlays/local-cluster/values.yaml
 PODSNAP_E2E_DEMO_IMAGE   the demo worker image; default localhost/podsnap-demo:dev
 PODSNAP_E2E_GPU          "1": the demo worker asks for one nvidia.com/gpu and runs on it (kind with GPUs)
-PODSNAP_E2E_TIMEOUT      seconds a single wait may take (default 150)
+PODSNAP_E2E_TIMEOUT      seconds a single wait may take (default 120)
 PODSNAP_E2E_OUT          where timings go (default out/e2e)
 """
 
@@ -53,11 +53,11 @@ class E2EConfig:
         else:
             values_files = (REPO / "overlays" / "local-cluster" / "values.yaml",)
         demo_image = os.environ.get("PODSNAP_E2E_DEMO_IMAGE", "localhost/podsnap-demo:dev")
-        timeout = os.environ.get("PODSNAP_E2E_TIMEOUT", "150")
+        timeout = os.environ.get("PODSNAP_E2E_TIMEOUT", "120")
         try:
             timeout_s = float(timeout)
         except ValueError:
-            raise ValueError(f"PODSNAP_E2E_TIMEOUT={timeout!r}: set it to a number of seconds, e.g. 150") from None
+            raise ValueError(f"PODSNAP_E2E_TIMEOUT={timeout!r}: set it to a number of seconds, e.g. 120") from None
         return cls(
             kubeconfig=kubeconfig,
             values_files=values_files,
