@@ -17,6 +17,7 @@ from podsnap.engine.errors import CaptureError, CudaError, EngineError
 from podsnap.engine.host import host_facts
 from podsnap.engine.manifest import Manifest
 from podsnap.engine.options import CaptureOptions, CaptureResult, ProgressFn, Timer
+from podsnap.engine.proctree import STDIO_KEY
 
 
 def _dir_bytes(path: Path) -> int:
@@ -78,6 +79,7 @@ def capture(
     work = Path(tempfile.mkdtemp(prefix="podsnap-dump-"))
     phase = "inspect"
     dumped = False
+    stdio: dict[str, str] = {}
     cp: CudaCheckpointer | None = cuda
     try:
         with timer.phase("inspect"):
@@ -108,6 +110,9 @@ def capture(
                         source_alive=True,
                     )
                 criu_pid = root.ns_pid
+                # the container's stdio are pipes to its runtime's log shim; remember them so a restore can
+                # hand the new container's pipes in their place (else the worker writes into a dead pipe)
+                stdio = proctree.stdio_pipes(pid)
             uring = proctree.io_uring_users([p.pid for p in tree])
             if uring:
                 raise CaptureError(
@@ -176,6 +181,8 @@ def capture(
         with contextlib.suppress(OSError):
             shutil.copyfile(work / "dump.log", staging.path / "logs" / "dump.log")
         extra = dict(opts.extra)
+        if stdio:
+            extra[STDIO_KEY] = stdio
         if opts.before_publish is not None:
             phase = "before_publish"
             with timer.phase(phase):

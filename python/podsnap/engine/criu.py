@@ -455,12 +455,15 @@ class Criu:
         namespace_pid: int | None = None,
         join_cgroups: bool = True,
         net_ns: Path | None = None,
+        inherit: dict[int, str] | None = None,
         monitor: Callable[[int], None] | None = None,
     ) -> int:
         """Restore detached (`-d`); return the root's PID as CRIU saw it (from its pidfile).
 
         In namespace mode that PID is inside `namespace_pid`'s PID namespace: map it with
         `proctree.host_pid_in_ns`. The restored tree is re-parented (to init, or the pod's PID 1).
+        `inherit` maps an open fd of ours to a file id of the image (`pipe:[123]`): CRIU hands that fd to
+        the restored tree in place of the file, which is how a worker keeps writing to its (new) pod's logs.
         """
         pidfile = work_dir / "restore.pid"
         with contextlib.suppress(FileNotFoundError):
@@ -468,6 +471,7 @@ class Criu:
         net_fd = os.open(net_ns, os.O_RDONLY | os.O_CLOEXEC) if (options.external_net_ns and net_ns) else None
         try:
             lines = options.restore_lines(namespace_pid is not None, net_ns_fd=net_fd)
+            lines += [f"inherit-fd fd[{fd}]:{key}" for fd, key in sorted((inherit or {}).items())]
             self._run(
                 "restore",
                 lines,
@@ -476,7 +480,7 @@ class Criu:
                 work_dir,
                 namespace_pid=namespace_pid,
                 join_cgroups=join_cgroups,
-                pass_fds=(net_fd,) if net_fd is not None else (),
+                pass_fds=((net_fd,) if net_fd is not None else ()) + tuple(sorted(inherit or {})),
                 timeout_s=options.timeout_s,
                 log_level=options.log_level,
                 monitor=monitor,

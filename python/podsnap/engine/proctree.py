@@ -156,3 +156,38 @@ def wait_gone(pid: int, *, timeout_s: float = 10.0) -> bool:
             return True
         time.sleep(0.01)
     return not exists(pid)
+
+
+#: manifest `extra` key holding the captured root's stdio pipes ({"1": "pipe:[123]", ...})
+STDIO_KEY = "stdio"
+
+
+def stdio_pipes(pid: int) -> dict[str, str]:
+    """fds 0-2 of `pid` that are pipes, as CRIU names them (`pipe:[inode]`)."""
+    found: dict[str, str] = {}
+    for fd in (0, 1, 2):
+        with contextlib.suppress(OSError):
+            link = str(Path(f"/proc/{pid}/fd/{fd}").readlink())
+            if link.startswith("pipe:["):
+                found[str(fd)] = link
+    return found
+
+
+def open_stdio_like(pid: int, stdio: dict[str, str]) -> dict[int, str]:
+    """Open `pid`'s own fds 0-2 for each recorded pipe: {our fd: recorded pipe id}, for CRIU's inherit-fd.
+
+    A fd of `pid` that is not a pipe (or gone) is skipped: CRIU then restores that pipe on its own.
+    """
+    opened: dict[int, str] = {}
+    try:
+        for fd_text, key in sorted(stdio.items()):
+            fd = int(fd_text)
+            path = f"/proc/{pid}/fd/{fd}"
+            if not str(Path(path).readlink()).startswith("pipe:["):
+                continue
+            opened[os.open(path, (os.O_RDONLY if fd == 0 else os.O_WRONLY) | os.O_CLOEXEC)] = key
+    except (OSError, ValueError):
+        for ours in opened:
+            os.close(ours)
+        raise
+    return opened

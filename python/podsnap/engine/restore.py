@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -107,15 +108,30 @@ def restore(
                     phase, min(bytes_read(criu_pid), manifest.memory_bytes), manifest.memory_bytes, start=start
                 )
 
-            root_ns = runner.restore(
-                artifact / CRIU_DIR,
-                work,
-                opts.criu,
-                namespace_pid=opts.namespace_pid,
-                join_cgroups=opts.join_cgroups,
-                net_ns=opts.net_ns,
-                monitor=monitor,
-            )
+            # in a pod, the worker's stdio were its old container's log pipes: give it the new container's
+            inherit: dict[int, str] = {}
+            recorded = manifest.extra.get(proctree.STDIO_KEY)
+            if opts.namespace_pid is not None and isinstance(recorded, dict):
+                try:
+                    inherit = proctree.open_stdio_like(
+                        opts.namespace_pid, {str(k): str(v) for k, v in recorded.items()}
+                    )
+                except OSError as exc:
+                    raise RestoreError(f"cannot open the placeholder's stdio: {exc}", phase=phase) from exc
+            try:
+                root_ns = runner.restore(
+                    artifact / CRIU_DIR,
+                    work,
+                    opts.criu,
+                    namespace_pid=opts.namespace_pid,
+                    join_cgroups=opts.join_cgroups,
+                    net_ns=opts.net_ns,
+                    inherit=inherit,
+                    monitor=monitor,
+                )
+            finally:
+                for fd in inherit:
+                    os.close(fd)
             mapping: dict[int, int] = {}
             for proc in manifest.processes:
                 found = _host_pid(proc.ns_pid, opts.namespace_pid)
