@@ -22,7 +22,6 @@ from tests.e2e.support.flow import (
     wait_serving,
 )
 from tests.e2e.support.k8s import Cluster, Pending, condition, pod_ready, wait_until
-from tests.e2e.support.known import RESTORE_IN_A_POD
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 APP = "worker"
@@ -107,7 +106,6 @@ def test_a_snapshot_from_an_incompatible_node_is_refused_with_restore_incompatib
     _assert_not_serving(cluster, namespace, pod)
 
 
-@RESTORE_IN_A_POD
 def test_killing_the_agent_mid_capture_fails_the_job_with_a_reason_or_retries_and_the_worker_still_serves(
     cluster: Cluster, podsnap: E2EConfig, namespace: str
 ) -> None:

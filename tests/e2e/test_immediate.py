@@ -10,13 +10,11 @@ from tests.e2e.support.capture import restored_summary, run_capture
 from tests.e2e.support.config import E2EConfig
 from tests.e2e.support.flow import Timings, init_id, restore_from, restored, wait_serving, worker_health
 from tests.e2e.support.k8s import Cluster
-from tests.e2e.support.known import RESTORE_IN_A_POD
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 APP = "worker"
 
 
-@RESTORE_IN_A_POD
 def test_immediate_serves_cold_while_capturing_and_restores_pods_created_after_ready(
     cluster: Cluster, podsnap: E2EConfig, namespace: str, timings: Timings
 ) -> None:

@@ -25,7 +25,6 @@ from tests.e2e.support.flow import (
     worker_health,
 )
 from tests.e2e.support.k8s import Cluster, Pending, condition, create_namespace, delete_namespace, wait_until
-from tests.e2e.support.known import RESTORE_IN_A_POD
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 APP = "worker"
@@ -70,14 +69,12 @@ def test_the_policy_is_ready_and_names_its_checkpoint(run: CaptureRun) -> None:
     assert run.checkpoint == run.snapshot["metadata"]["name"]
 
 
-@RESTORE_IN_A_POD
 def test_the_serving_pod_is_restored_from_that_checkpoint(run: CaptureRun) -> None:
     (pod,) = run.require_serving()
     assert restored(pod) == RESTORED, restored_summary(run.serving)
     assert restore_from(pod) == run.checkpoint
 
 
-@RESTORE_IN_A_POD
 def test_the_restored_worker_answers_with_the_source_init_id(
     cluster: Cluster, run: CaptureRun, podsnap: E2EConfig
 ) -> None:
@@ -90,7 +87,6 @@ def test_the_restored_worker_answers_with_the_source_init_id(
     )
 
 
-@RESTORE_IN_A_POD
 def test_a_chat_completion_through_the_service_is_answered_by_the_restored_worker(
     cluster: Cluster, run: CaptureRun
 ) -> None:
@@ -98,7 +94,6 @@ def test_a_chat_completion_through_the_service_is_answered_by_the_restored_worke
     assert init_id(answer) in run.source_init_ids
 
 
-@RESTORE_IN_A_POD
 def test_scaling_to_three_restores_every_replica_from_the_one_snapshot(
     cluster: Cluster, run: CaptureRun, podsnap: E2EConfig, timings: Timings
 ) -> None:
