@@ -28,7 +28,7 @@ fmt: setup-python ## apply ruff's fixes and formatting
 	$(PY) -m ruff check --fix python tests bench hack
 	$(PY) -m ruff format python tests bench hack
 
-test: setup lint ## the whole suite: lint, unit, chart, engine, operator, e2e on the local cluster
+test: setup lint cluster-up ## the whole suite: lint, unit, chart, engine, operator, e2e on the local cluster
 	$(PYTEST) $(PYTEST_ARGS)
 
 test-unit: setup-python ## unit tests only
