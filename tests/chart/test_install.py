@@ -360,3 +360,17 @@ def test_uninstall_keeps_the_claim_and_the_crds(cluster: Cluster) -> None:
     for snapshot in SNAPSHOTS:
         ns = f"old-{snapshot.stem.replace('.', '-')}"
         cluster.get("-n", ns, "pvc", f"{ns}-podsnap-artifacts")
+
+
+def test_the_walkthrough_upgrade_can_be_repeated_with_a_values_file_that_removes_a_default_key(
+    cluster: Cluster,
+) -> None:
+    """`helm upgrade --install --reuse-values -f values.yaml` twice: the null that removed the default node
+    selector is stored in the release and fed back through the schema on the second upgrade."""
+    release, ns = "walkthrough", "walkthrough"
+    values = REPO / "overlays" / "local-cluster" / "values.yaml"
+    args = ("upgrade", "--install", release, str(CHART), "-n", ns, "--create-namespace", "--reuse-values")
+    for _ in range(2):
+        cluster.helm_run(*args, "-f", str(values), "--set", "crds.enabled=false")
+    ds = cluster.get("-n", ns, "daemonset", f"{release}-podsnap-agent")
+    assert ds["spec"]["template"]["spec"]["nodeSelector"] == {"podsnap.io/local-cluster": "true"}

@@ -226,3 +226,16 @@ configuration's caBundle agree. `helm template` cannot look up, so it makes a ne
 {{- end }}
 {{- toYaml (get .Values "__podsnapWebhookTLS") }}
 {{- end }}
+
+{{/*
+podsnap.compactMap: a string map without its null entries. A null removes a default key (Helm's way),
+and `--reuse-values` stores that null in the release and feeds it back on the next upgrade, where Helm
+no longer drops it: it must not reach the rendered object.
+*/}}
+{{- define "podsnap.compactMap" -}}
+{{- $out := dict -}}
+{{- range $k, $v := . -}}
+{{- if not (kindIs "invalid" $v) -}}{{- $_ := set $out $k $v -}}{{- end -}}
+{{- end -}}
+{{- if $out -}}{{- toYaml $out -}}{{- end -}}
+{{- end -}}
