@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import kopf
@@ -10,23 +9,14 @@ import kopf
 from podsnap import contract as c
 from podsnap.agent.config import AgentConfig
 from podsnap.agent.runtime import ctx_of, registry
+from podsnap.kopf_settings import apply_common
 
 PROGRESS_PREFIX = f"agent.{c.GROUP}"
 
 
 def apply_settings(settings: kopf.OperatorSettings, config: AgentConfig) -> None:
     # the content's artifact finalizer is this agent's: kopf removes it once the delete handler succeeds
-    settings.persistence.finalizer = c.FINALIZER_CONTENT_ARTIFACT
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PROGRESS_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=PROGRESS_PREFIX, key="last-handled-configuration"
-    )
-    settings.peering.standalone = True
-    # resources are discovered once at start: no watch on CRDs, so no cluster-wide CRD permission needed
-    settings.scanning.disabled = True
-    settings.posting.level = logging.WARNING
-    settings.watching.server_timeout = 300
-    settings.networking.request_timeout = 30
+    apply_common(settings, finalizer=c.FINALIZER_CONTENT_ARTIFACT, progress_prefix=PROGRESS_PREFIX)
     node = config.node_name
     settings.watching.label_selectors[c.GROUP, c.PLURAL_POD_SNAPSHOT_CONTENTS] = f"{c.LABEL_SNAPSHOT_NODE}={node}"
     settings.watching.label_selectors["v1", "pods"] = f"{c.LABEL_RESTORE}=true"

@@ -12,6 +12,7 @@ import kopf
 import kubernetes
 
 from podsnap import contract as c
+from podsnap.kopf_settings import apply_common
 from podsnap.operator.config import OperatorConfig
 from podsnap.operator.runtime import ctx_of, registry
 
@@ -31,19 +32,7 @@ class NoWebhookServer:
 
 
 def apply_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
-    settings.persistence.finalizer = c.FINALIZER_SNAPSHOT
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PROGRESS_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=PROGRESS_PREFIX, key="last-handled-configuration"
-    )
-    # one replica; leader election belongs to the Deployment (replicas: 1, Recreate), not to peering CRDs
-    settings.peering.standalone = True
-    # resources are discovered once at start: no watch on CRDs, so no cluster-wide CRD permission needed
-    settings.scanning.disabled = True
-    # handlers post their own Events with reasons; kopf's log-to-Event mirror would only add noise
-    settings.posting.level = logging.WARNING
-    settings.watching.server_timeout = 300
-    settings.networking.request_timeout = 30
+    apply_common(settings, finalizer=c.FINALIZER_SNAPSHOT, progress_prefix=PROGRESS_PREFIX)
     cert, key = config.webhook_cert_dir / "tls.crt", config.webhook_cert_dir / "tls.key"
     if config.webhook_port and cert.exists() and key.exists():
         settings.admission.server = kopf.WebhookServer(
