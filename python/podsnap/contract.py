@@ -177,6 +177,8 @@ ENV_WEBHOOK_CERT_DIR: Final = "PODSNAP_WEBHOOK_CERT_DIR"
 ENV_WEBHOOK_CONFIGURATION: Final = "PODSNAP_WEBHOOK_CONFIGURATION"  # MutatingWebhookConfiguration name
 ENV_WEBHOOK_SERVICE: Final = "PODSNAP_WEBHOOK_SERVICE"
 ENV_ARTIFACT_CLAIM: Final = "PODSNAP_ARTIFACT_CLAIM"  # the artifact PVC's name (release namespace)
+#: "auto" (pod scheduling gates where the server has them), "on", "off" (hold replicas at zero)
+ENV_SCHEDULING_GATES: Final = "PODSNAP_SCHEDULING_GATES"
 # Agent only
 ENV_ARTIFACT_ROOT: Final = "PODSNAP_ARTIFACT_ROOT"
 ENV_RUNTIME_TYPE: Final = "PODSNAP_RUNTIME_TYPE"  # containerd | cri-o

@@ -14,9 +14,9 @@ import pytest
 from podsnap.agent import main as agent_main
 from podsnap.agent.config import AgentConfig
 from podsnap.agent.runtime import AgentContext
+from podsnap.kube.client import Credentials, Kube
 from podsnap.operator import main as operator_main
 from podsnap.operator.config import OperatorConfig
-from podsnap.operator.kube import Credentials, Kube
 from podsnap.operator.runtime import OperatorContext
 from tests.conftest import REPO, ControlPlaneFactory, require_tool
 from tests.operator.harness import RELEASE_NS, Cluster, KopfThread, render_chart, wait_for
@@ -111,7 +111,6 @@ def env(control_plane_factory: ControlPlaneFactory, tmp_path_factory: pytest.Tem
     op_config = OperatorConfig(
         kubeconfig=str(op_kc),
         seccomp_profile="podsnap/checkpoint.json",
-        artifact_root=tmp / "operator-artifacts",
         webhook_port=port,
         webhook_host="127.0.0.1",
         webhook_cert_dir=cert_dir,

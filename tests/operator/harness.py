@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import yaml
 
 from podsnap import contract as c
-from podsnap.operator.kube import Kube
+from podsnap.kube.client import Kube
 
 T = TypeVar("T")
 RELEASE_NS = "podsnap-system"

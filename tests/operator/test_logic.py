@@ -14,8 +14,9 @@ from podsnap.agent import control
 from podsnap.agent.containers import ContainerNotRunning, environ_of, find_processes, strip_runtime
 from podsnap.agent.executor import ExecutionError
 from podsnap.agent.on_content import artifact_dir
-from podsnap.operator import capture_job, conditions, policy, restore_pod
-from podsnap.operator.conditions import Condition
+from podsnap.kube import conditions
+from podsnap.kube.conditions import Condition
+from podsnap.operator import capture_job, policy, restore_pod
 from podsnap.operator.on_podsnapshot import mirror
 
 NOW = datetime.datetime(2026, 11, 30, 13, 0, 0, tzinfo=datetime.UTC)

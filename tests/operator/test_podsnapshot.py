@@ -148,6 +148,18 @@ def test_orphaned_content_of_a_vanished_node_is_finalized_by_the_operator(env: E
     env.cluster.kube.custom.delete_namespaced_custom_object(c.GROUP, c.VERSION, ns, c.PLURAL_POD_SNAPSHOTS, "s")
     wait_for(lambda: env.cluster.get(c.PLURAL_POD_SNAPSHOT_CONTENTS, name) is None, what="content finalized")
     wait_for(lambda: get_snap(env, ns, "s") is None, what="snapshot gone")
+    # the operator never touches the artifact volume: it says where the artifact was left
+    left = wait_for(
+        lambda: [
+            e
+            for e in env.cluster.kube.core.list_event_for_all_namespaces(
+                field_selector=f"involvedObject.name={name}"
+            ).items
+            if e.reason == "ArtifactLeftBehind"
+        ],
+        what="an ArtifactLeftBehind Event on the content",
+    )
+    assert left[0].type == "Warning" and node in left[0].message
 
 
 @pytest.mark.slow

@@ -1,15 +1,13 @@
-"""Agent settings, from the environment (the chart's DaemonSet sets them) and flags."""
+"""Agent settings, from the environment the chart's DaemonSet sets (names in `podsnap.contract`) and flags."""
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from podsnap import contract as c
-from podsnap.operator.config import env_int
-
-ENV_PROC_ROOT = "PODSNAP_PROC_ROOT"
+from podsnap.kube.env import ConfigError, env_path, env_port, env_str, log_level
 
 
 @dataclass
@@ -24,18 +22,17 @@ class AgentConfig:
     log_level: str = "info"
 
     @classmethod
-    def from_env(cls) -> AgentConfig:
-        node = os.environ.get(c.ENV_NODE_NAME, "")
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> AgentConfig:
+        node = env_str(c.ENV_NODE_NAME, "", environ)
         if not node:
-            raise SystemExit(
+            raise ConfigError(
                 f"{c.ENV_NODE_NAME} is not set: give the agent its node (downward API fieldRef spec.nodeName)"
             )
         return cls(
             node_name=node,
-            kubeconfig=os.environ.get("KUBECONFIG") or None,
-            artifact_root=Path(os.environ.get(c.ENV_ARTIFACT_ROOT) or c.ARTIFACT_ROOT_DEFAULT),
-            proc_root=Path(os.environ.get(ENV_PROC_ROOT) or "/proc"),
-            metrics_port=env_int(c.ENV_METRICS_PORT, 8080),
-            health_port=env_int(c.ENV_HEALTH_PORT, 8081),
-            log_level=os.environ.get(c.ENV_LOG_LEVEL) or "info",
+            kubeconfig=env_str("KUBECONFIG", "", environ) or None,
+            artifact_root=env_path(c.ENV_ARTIFACT_ROOT, c.ARTIFACT_ROOT_DEFAULT, environ),
+            metrics_port=env_port(c.ENV_METRICS_PORT, 8080, environ),
+            health_port=env_port(c.ENV_HEALTH_PORT, 8081, environ),
+            log_level=log_level(c.ENV_LOG_LEVEL, "info", environ),
         )

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import logging
+import os
 import threading
 
-import kopf
-
+from podsnap import contract as c
 from podsnap.agent.config import AgentConfig
 from podsnap.agent.executor import Executor
 from podsnap.agent.handlers import registry
 from podsnap.agent.metrics import AgentMetrics
 from podsnap.agent.runtime import AgentContext
-from podsnap.operator.kube import Credentials, Kube
+from podsnap.kube import entrypoint
+from podsnap.kube.client import Credentials, Kube
 
 
 def build_context(config: AgentConfig, executor: Executor | None = None) -> AgentContext:
@@ -39,37 +38,24 @@ async def run(
     stop_flag: asyncio.Event | threading.Event | None = None,
     ready_flag: asyncio.Event | threading.Event | None = None,
 ) -> None:
-    port = ctx.config.health_port
-    await kopf.operator(
-        registry=registry,
-        memo=kopf.Memo(podsnap=ctx),
-        clusterwide=True,
-        standalone=True,
-        stop_flag=stop_flag,
-        ready_flag=ready_flag,
-        liveness_endpoint=f"http://0.0.0.0:{port}/healthz" if port else None,
+    await entrypoint.run_kopf(
+        registry, ctx, health_port=ctx.config.health_port, stop_flag=stop_flag, ready_flag=ready_flag
     )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="podsnap-agent", description=__doc__)
-    parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else in-cluster)")
-    parser.add_argument("--node-name", help="this node (default: $NODE_NAME)")
-    parser.add_argument("-v", "--verbose", action="store_true")
+    parser = entrypoint.parser("podsnap-agent", __doc__)
+    parser.add_argument("--node-name", help=f"this node (default: ${c.ENV_NODE_NAME})")
     args = parser.parse_args(argv)
+    environ = dict(os.environ)
     if args.node_name:
-        import os
-
-        os.environ.setdefault("NODE_NAME", args.node_name)
-    config = AgentConfig.from_env()
+        environ[c.ENV_NODE_NAME] = args.node_name
+    config = AgentConfig.from_env(environ)
     if args.kubeconfig:
         config.kubeconfig = args.kubeconfig
-    level = "debug" if args.verbose else config.log_level
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    entrypoint.configure_logging(config.log_level, verbose=args.verbose)
     ctx = build_context(config)
-    ctx.metrics.serve(config.metrics_port)
-    asyncio.run(run(ctx))
-    return 0
+    return entrypoint.serve(registry, ctx, metrics_port=config.metrics_port, health_port=config.health_port)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,18 @@
-"""Prometheus metrics of the node agent (own registry; see podsnap.operator.metrics)."""
+"""Prometheus metrics of the node agent (its own registry: see podsnap.kube.metrics)."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import Counter, Histogram
+
+from podsnap.kube.metrics import Metrics
 
 SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 BYTES = tuple(float(2**n) for n in range(20, 41, 2))  # 1 MiB .. 1 TiB
 
 
-class AgentMetrics:
+class AgentMetrics(Metrics):
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+        super().__init__()
         self.pickup_seconds = Histogram(
             "podsnap_agent_pickup_seconds",
             "PodSnapshotContent creation to the agent starting its capture",
@@ -38,7 +40,3 @@ class AgentMetrics:
             ["op", "reason"],
             registry=self.registry,
         )
-
-    def serve(self, port: int) -> None:
-        if port:
-            start_http_server(port, registry=self.registry)

@@ -14,10 +14,12 @@ from podsnap import contract as c
 from podsnap.agent.containers import ContainerNotRunning, find_processes
 from podsnap.agent.executor import CaptureRequest, ExecutionError, PodRef
 from podsnap.agent.runtime import AgentContext, ctx_of, registry
-from podsnap.operator import conditions
-from podsnap.operator.capture_job import pod_ready
-from podsnap.operator.conditions import Condition, now_rfc3339, parse_time
-from podsnap.operator.kube import event, get_or_none
+from podsnap.kube import conditions
+from podsnap.kube.client import get_or_none
+from podsnap.kube.conditions import Condition, now_rfc3339, parse_time
+from podsnap.kube.events import event
+from podsnap.kube.podshape import pod_ready
+from podsnap.kube.reporter import cr_status, report
 
 CONTENTS = (c.GROUP, c.VERSION, c.PLURAL_POD_SNAPSHOT_CONTENTS)
 
@@ -37,13 +39,7 @@ def artifact_dir(root: Path, rel: str) -> Path:
 
 
 def _set(ctx: AgentContext, name: str, *updates: Condition, **fields: Any) -> None:
-    def mutate(obj: dict[str, Any]) -> bool:
-        status = obj["status"]
-        status.update(fields)
-        status["conditions"] = conditions.merged(status.get("conditions"), list(updates))
-        return True
-
-    ctx.kube.update_cr_status(c.PLURAL_POD_SNAPSHOT_CONTENTS, name, None, mutate)
+    cr_status(ctx.kube, c.PLURAL_POD_SNAPSHOT_CONTENTS, name, **fields)(updates)
 
 
 def _mine(labels: Mapping[str, str], memo: Any, **_: Any) -> bool:
@@ -161,15 +157,14 @@ def _request(ctx: AgentContext, name: str, spec: Mapping[str, Any]) -> CaptureRe
 
 
 def fail(ctx: AgentContext, body: Mapping[str, Any], reason: str, message: str) -> NoReturn:
-    name = body["metadata"]["name"]
-    _set(
-        ctx,
-        name,
+    report(
+        body,
         Condition(c.COND_FAILED, True, reason, message[:4000]),
         Condition(c.COND_READY, False, reason, message[:4000]),
+        write=cr_status(ctx.kube, c.PLURAL_POD_SNAPSHOT_CONTENTS, body["metadata"]["name"]),
+        warning=True,
+        count=ctx.metrics.failures.labels("capture", reason),
     )
-    event(body, type_="Warning", reason=reason, message=message)
-    ctx.metrics.failures.labels("capture", reason).inc()
     raise kopf.PermanentError(message)
 
 

@@ -19,10 +19,11 @@ from podsnap.agent.containers import ContainerNotRunning, environ_of, find_proce
 from podsnap.agent.executor import ExecutionError, IncompatibleError, PodRef, RestoreRequest
 from podsnap.agent.on_content import artifact_dir
 from podsnap.agent.runtime import AgentContext, ctx_of, registry
-from podsnap.operator import conditions
-from podsnap.operator.conditions import now_rfc3339
-from podsnap.operator.kube import event
-from podsnap.operator.restore_pod import control_dir_of
+from podsnap.kube import conditions
+from podsnap.kube.conditions import Condition
+from podsnap.kube.events import event
+from podsnap.kube.podshape import control_dir_of
+from podsnap.kube.reporter import pod_condition, report
 
 TERMINAL_REASONS = (c.REASON_RESTORE_SUCCEEDED, c.REASON_RESTORE_FAILED, c.REASON_RESTORE_INCOMPATIBLE)
 #: env the new pod's identity is published under in restore-context.json
@@ -30,19 +31,7 @@ IDENTITY_KEYS = ("POD_NAME", "POD_NAMESPACE", "POD_UID", "POD_IP", "NODE_NAME", 
 
 
 def set_restored(ctx: AgentContext, pod: Mapping[str, Any], status: bool, reason: str, message: str) -> None:
-    """Set the pod condition through pods/status; a strategic merge keyed by type leaves the kubelet's alone."""
-    meta = pod["metadata"]
-    cond = {
-        "type": c.POD_CONDITION_RESTORED,
-        "status": "True" if status else "False",
-        "reason": reason,
-        "message": message[:4000],
-        "lastTransitionTime": now_rfc3339(),
-    }
-    ctx.kube.core.patch_namespaced_pod_status(
-        meta["name"], meta["namespace"], {"status": {"conditions": [cond]}},
-        _content_type="application/strategic-merge-patch+json",
-    )  # fmt: skip
+    pod_condition(ctx.kube, pod)([Condition(c.POD_CONDITION_RESTORED, status, reason, message[:4000])])
 
 
 def restore_context_env(pod: Mapping[str, Any], container_env: Mapping[str, str], node: str) -> dict[str, str]:
@@ -108,9 +97,13 @@ def pod_restore(*, body: kopf.Body, type: str | None, memo: Any, logger: kopf.Lo
 
 
 def _fail(ctx: AgentContext, pod: Mapping[str, Any], reason: str, message: str) -> None:
-    set_restored(ctx, pod, False, reason, message)
-    event(pod, type_="Warning", reason=reason, message=message)
-    ctx.metrics.failures.labels("restore", reason).inc()
+    report(
+        pod,
+        Condition(c.POD_CONDITION_RESTORED, False, reason, message[:4000]),
+        write=pod_condition(ctx.kube, pod),
+        warning=True,
+        count=ctx.metrics.failures.labels("restore", reason),
+    )
 
 
 def restore(

@@ -11,9 +11,11 @@ import kopf
 from podsnap.agent.config import AgentConfig
 from podsnap.agent.executor import Executor
 from podsnap.agent.metrics import AgentMetrics
-from podsnap.operator.kube import Credentials, Kube
+from podsnap.kube.client import Credentials, Kube
+from podsnap.kube.entrypoint import context_of
 
 registry = kopf.OperatorRegistry()
+ENTRYPOINT = "podsnap.agent.main"
 
 
 @dataclass
@@ -31,7 +33,4 @@ class AgentContext:
 
 
 def ctx_of(memo: Any) -> AgentContext:
-    ctx = memo.get("podsnap") if hasattr(memo, "get") else None
-    if not isinstance(ctx, AgentContext):
-        raise kopf.PermanentError("agent context missing from memo: start through podsnap.agent.main")
-    return ctx
+    return context_of(memo, AgentContext, ENTRYPOINT)

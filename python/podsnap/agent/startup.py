@@ -8,8 +8,9 @@ import kopf
 
 from podsnap import contract as c
 from podsnap.agent.config import AgentConfig
-from podsnap.agent.runtime import ctx_of, registry
-from podsnap.kopf_settings import apply_common
+from podsnap.agent.runtime import ENTRYPOINT, AgentContext, ctx_of, registry
+from podsnap.kube.entrypoint import register_login
+from podsnap.kube.settings import apply_common
 
 PROGRESS_PREFIX = f"agent.{c.GROUP}"
 
@@ -31,6 +32,4 @@ def startup(*, settings: kopf.OperatorSettings, memo: Any, logger: kopf.Logger, 
     logger.info("podsnap agent on node %s (artifacts under %s)", ctx.config.node_name, ctx.config.artifact_root)
 
 
-@kopf.on.login(registry=registry)
-def login(*, memo: Any, **_: Any) -> kopf.ConnectionInfo:
-    return ctx_of(memo).credentials.connection_info()
+register_login(registry, AgentContext, ENTRYPOINT)

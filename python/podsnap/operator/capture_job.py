@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from podsnap import contract as c
-from podsnap.operator.conditions import Condition, find, is_true, parse_time
+from podsnap.kube.conditions import Condition, find, is_true, parse_time
+from podsnap.kube.podshape import pod_ready, with_control_dir, with_control_volume
 
 DEFAULT_DEADLINE_S = 3600
 DEFAULT_TARGET_CONTAINERS = ("main",)
@@ -73,29 +74,6 @@ def job_name(snapshot_job: str) -> str:
     if len(snapshot_job) <= 52:
         return snapshot_job
     return f"{snapshot_job[:43]}-{hashlib.sha256(snapshot_job.encode()).hexdigest()[:8]}"
-
-
-def control_env(control_dir: str = c.CONTROL_DIR_DEFAULT) -> list[dict[str, str]]:
-    return [{"name": c.ENV_CONTROL_DIR, "value": control_dir}]
-
-
-def with_control_dir(container: dict[str, Any]) -> dict[str, Any]:
-    """Mount the control volume and set SNAPSHOT_CONTROL_DIR (the container's own value wins if set)."""
-    mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") != c.CONTROL_VOLUME_NAME]
-    mounts.append({"name": c.CONTROL_VOLUME_NAME, "mountPath": c.CONTROL_DIR_DEFAULT})
-    container["volumeMounts"] = mounts
-    env = list(container.get("env") or [])
-    if not any(e.get("name") == c.ENV_CONTROL_DIR for e in env):
-        env.extend(control_env())
-    container["env"] = env
-    return container
-
-
-def with_control_volume(pod_spec: dict[str, Any]) -> dict[str, Any]:
-    volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") != c.CONTROL_VOLUME_NAME]
-    volumes.append({"name": c.CONTROL_VOLUME_NAME, "emptyDir": {}})
-    pod_spec["volumes"] = volumes
-    return pod_spec
 
 
 def build_job(
@@ -166,14 +144,6 @@ def build_job(
 
 
 # --- state machine ----------------------------------------------------------------------------
-
-
-def pod_ready(pod: Mapping[str, Any] | None) -> bool:
-    if pod is None:
-        return False
-    return is_true((pod.get("status") or {}).get("conditions"), "Ready") and bool(
-        (pod.get("spec") or {}).get("nodeName")
-    )
 
 
 def job_finished(job: Mapping[str, Any] | None) -> tuple[str, str] | None:

@@ -2,33 +2,23 @@
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from podsnap import contract as c
+from podsnap.kube.env import ConfigError, env_choice, env_path, env_port, env_str, log_level
 
-ENV_POLL_INTERVAL = "PODSNAP_POLL_INTERVAL"
-ENV_SCHEDULING_GATES = "PODSNAP_SCHEDULING_GATES"
 #: the webhook handler's id; kopf serves it at `<prefix>/<id>`, so the chart's path must end with it
 WEBHOOK_PATH_ID = "mutate-pods"
-
-
-def env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "")
-    try:
-        return int(raw) if raw else default
-    except ValueError:
-        raise SystemExit(f"{name}={raw!r}: expected an integer") from None
+SCHEDULING_GATE_MODES = ("auto", "on", "off")
 
 
 @dataclass
 class OperatorConfig:
     kubeconfig: str | None = None
-    namespace: str = "podsnap-system"
+    #: Localhost seccomp profile of capture pods (None: none)
     seccomp_profile: str | None = None
-    #: only for artifacts of contents whose node is gone, and only where the PVC is mounted
-    artifact_root: Path = Path(c.ARTIFACT_ROOT_DEFAULT)
     #: 0 disables the webhook server (failurePolicy Ignore: new pods then start cold)
     webhook_port: int = 9443
     webhook_host: str = "0.0.0.0"
@@ -45,21 +35,19 @@ class OperatorConfig:
     def webhook_prefix(self) -> str:
         path = "/" + self.webhook_path.strip("/")
         if path.rsplit("/", 1)[-1] != WEBHOOK_PATH_ID:
-            raise SystemExit(f"{c.ENV_WEBHOOK_PATH}={self.webhook_path!r}: the path must end with /{WEBHOOK_PATH_ID}")
+            raise ConfigError(f"{c.ENV_WEBHOOK_PATH}={self.webhook_path!r}: the path must end with /{WEBHOOK_PATH_ID}")
         return path[: -len(WEBHOOK_PATH_ID) - 1]
 
     @classmethod
-    def from_env(cls) -> OperatorConfig:
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> OperatorConfig:
         return cls(
-            kubeconfig=os.environ.get("KUBECONFIG") or None,
-            namespace=os.environ.get(c.ENV_NAMESPACE) or "podsnap-system",
-            seccomp_profile=os.environ.get(c.ENV_SECCOMP_PROFILE) or None,
-            artifact_root=Path(os.environ.get(c.ENV_ARTIFACT_ROOT) or c.ARTIFACT_ROOT_DEFAULT),
-            webhook_port=env_int(c.ENV_WEBHOOK_PORT, 9443),
-            webhook_path=os.environ.get(c.ENV_WEBHOOK_PATH) or f"/{WEBHOOK_PATH_ID}",
-            webhook_cert_dir=Path(os.environ.get(c.ENV_WEBHOOK_CERT_DIR) or c.WEBHOOK_CERT_DIR_DEFAULT),
-            metrics_port=env_int(c.ENV_METRICS_PORT, 8080),
-            health_port=env_int(c.ENV_HEALTH_PORT, 8081),
-            log_level=os.environ.get(c.ENV_LOG_LEVEL) or "info",
-            scheduling_gates=os.environ.get(ENV_SCHEDULING_GATES) or "auto",
+            kubeconfig=env_str("KUBECONFIG", "", environ) or None,
+            seccomp_profile=env_str(c.ENV_SECCOMP_PROFILE, "", environ) or None,
+            webhook_port=env_port(c.ENV_WEBHOOK_PORT, 9443, environ),
+            webhook_path=env_str(c.ENV_WEBHOOK_PATH, f"/{WEBHOOK_PATH_ID}", environ),
+            webhook_cert_dir=env_path(c.ENV_WEBHOOK_CERT_DIR, c.WEBHOOK_CERT_DIR_DEFAULT, environ),
+            metrics_port=env_port(c.ENV_METRICS_PORT, 8080, environ),
+            health_port=env_port(c.ENV_HEALTH_PORT, 8081, environ),
+            log_level=log_level(c.ENV_LOG_LEVEL, "info", environ),
+            scheduling_gates=env_choice(c.ENV_SCHEDULING_GATES, SCHEDULING_GATE_MODES, "auto", environ),
         )

@@ -1,16 +1,17 @@
-"""Prometheus metrics of the operator. Each component owns a registry, so operator and agent can share a
-process (the tests do) without colliding."""
+"""Prometheus metrics of the operator (its own registry: see podsnap.kube.metrics)."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import Counter, Histogram
+
+from podsnap.kube.metrics import Metrics
 
 CAPTURE_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
 
 
-class OperatorMetrics:
+class OperatorMetrics(Metrics):
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+        super().__init__()
         self.capture_seconds = Histogram(
             "podsnap_operator_capture_duration_seconds",
             "SnapshotJob start to capture complete (includes the worker's warm-up)",
@@ -37,7 +38,3 @@ class OperatorMetrics:
             ["reason"],
             registry=self.registry,
         )
-
-    def serve(self, port: int) -> None:
-        if port:
-            start_http_server(port, registry=self.registry)

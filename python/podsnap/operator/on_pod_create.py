@@ -12,8 +12,8 @@ from typing import Any
 import kopf
 
 from podsnap import contract as c
+from podsnap.kube.client import Kube, get_or_none
 from podsnap.operator.config import WEBHOOK_PATH_ID
-from podsnap.operator.kube import Kube, get_or_none
 from podsnap.operator.policy import template_hash
 from podsnap.operator.restore_pod import NotShapeable, shape
 from podsnap.operator.runtime import OperatorContext, ctx_of, registry

@@ -4,17 +4,18 @@ deletion cascades to the content (whose own finalizer removes the artifact)."""
 from __future__ import annotations
 
 import copy
-import shutil
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import kopf
 from kubernetes.client.exceptions import ApiException
 
 from podsnap import contract as c
-from podsnap.operator import conditions
-from podsnap.operator.conditions import Condition
-from podsnap.operator.kube import event, get_or_none, require_ns
+from podsnap.kube import conditions
+from podsnap.kube.client import get_or_none, require_ns
+from podsnap.kube.conditions import Condition
+from podsnap.kube.events import event
+from podsnap.kube.reporter import kopf_patch, report
 from podsnap.operator.runtime import OperatorContext, ctx_of, registry
 
 SNAPSHOTS = (c.GROUP, c.VERSION, c.PLURAL_POD_SNAPSHOTS)
@@ -64,14 +65,15 @@ def content_body(*, name: str, namespace: str, uid: str, pod: Mapping[str, Any],
     }
 
 
-def _fail(ctx: OperatorContext, body: Mapping[str, Any], patch: kopf.Patch, reason: str, message: str) -> None:
-    patch.fns.append(
-        conditions.patch_fn(
-            Condition(c.COND_FAILED, True, reason, message), Condition(c.COND_READY, False, reason, message)
-        )
+def _fail(ctx: OperatorContext, body: Mapping[str, Any], patch: kopf.Patch, reason: str, message: str) -> NoReturn:
+    report(
+        body,
+        Condition(c.COND_FAILED, True, reason, message),
+        Condition(c.COND_READY, False, reason, message),
+        write=kopf_patch(patch),
+        warning=True,
+        count=ctx.metrics.capture_failures.labels(c.KIND_POD_SNAPSHOT, reason),
     )
-    event(body, type_="Warning", reason=reason, message=message)
-    ctx.metrics.capture_failures.labels(c.KIND_POD_SNAPSHOT, reason).inc()
     raise kopf.PermanentError(message)
 
 
@@ -210,8 +212,14 @@ def mirror_content(ctx: OperatorContext, body: Mapping[str, Any]) -> None:
         event(updated, type_="Warning", reason=str(failed.get("reason")), message=str(failed.get("message")))
 
 
+REASON_ARTIFACT_LEFT = "ArtifactLeftBehind"
+
+
 def _collect_orphan(ctx: OperatorContext, body: Mapping[str, Any], logger: kopf.Logger) -> None:
-    """A content being deleted whose node is gone has no agent to run its finalizer: do it here."""
+    """A content being deleted whose node is gone has no agent to run its finalizer. Removing the artifact
+    is an agent's job (only agents mount the artifact volume), so the operator releases the content for its
+    deletion to finish and says where the artifact was left. Issue 12 hands orphaned artifacts to a live
+    agent; this function is where it plugs in."""
     meta = body["metadata"]
     if c.FINALIZER_CONTENT_ARTIFACT not in (meta.get("finalizers") or []):
         return
@@ -219,13 +227,12 @@ def _collect_orphan(ctx: OperatorContext, body: Mapping[str, Any], logger: kopf.
     if node and get_or_none(ctx.kube.core.read_node, node) is not None:
         return  # that node's agent owns the cleanup
     spec = body.get("spec") or {}
-    rel = spec.get("artifactPath")
-    if rel and spec.get("deletionPolicy", c.DELETION_POLICY_DELETE) == c.DELETION_POLICY_DELETE:
-        root = ctx.config.artifact_root.resolve()
-        target = (root / rel).resolve()
-        if root in target.parents and target.exists():
-            shutil.rmtree(target, ignore_errors=True)
-            logger.info("removed artifact %s of %s (node %s is gone)", target, meta["name"], node)
+    if spec.get("artifactPath") and spec.get("deletionPolicy", c.DELETION_POLICY_DELETE) == c.DELETION_POLICY_DELETE:
+        message = (
+            f"node {node} is gone, so no agent removed artifact {spec['artifactPath']} from the artifact volume; "
+            "remove it from there by hand"
+        )
+        event(body, type_="Warning", reason=REASON_ARTIFACT_LEFT, message=message)
     remove_finalizer(ctx, meta["name"], c.FINALIZER_CONTENT_ARTIFACT)
     logger.warning("finalized %s for its vanished node %s", meta["name"], node)
 

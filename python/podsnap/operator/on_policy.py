@@ -10,10 +10,11 @@ from typing import Any
 import kopf
 
 from podsnap import contract as c
-from podsnap.operator import conditions
+from podsnap.kube import conditions
+from podsnap.kube.client import Kube, get_or_none, require_ns
+from podsnap.kube.conditions import Condition
+from podsnap.kube.events import event
 from podsnap.operator.capture_job import is_terminal as job_terminal
-from podsnap.operator.conditions import Condition
-from podsnap.operator.kube import Kube, event, get_or_none, require_ns
 from podsnap.operator.policy import (
     InvalidPolicy,
     PolicySpec,

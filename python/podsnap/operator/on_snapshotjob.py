@@ -10,10 +10,12 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from podsnap import contract as c
-from podsnap.operator import conditions
+from podsnap.kube import conditions
+from podsnap.kube.client import Kube, get_or_none, require_ns
+from podsnap.kube.conditions import Condition, now_rfc3339, parse_time
+from podsnap.kube.events import event
+from podsnap.kube.reporter import kopf_patch, report
 from podsnap.operator.capture_job import InvalidSpec, build_job, decide, is_terminal, parse_spec
-from podsnap.operator.conditions import Condition, now_rfc3339, parse_time
-from podsnap.operator.kube import Kube, event, get_or_none, require_ns
 from podsnap.operator.runtime import OperatorContext, ctx_of, registry
 
 RESOURCE = (c.GROUP, c.VERSION, c.PLURAL_SNAPSHOT_JOBS)
@@ -47,15 +49,14 @@ def snapshotjob_start(
     try:
         capture = parse_spec(spec)
     except InvalidSpec as exc:
-        patch.fns.append(
-            conditions.patch_fn(
-                Condition(c.COND_FAILED, True, c.REASON_INVALID_SPEC, str(exc)),
-                Condition(c.COND_RUNNING, False, c.REASON_INVALID_SPEC, str(exc)),
-            )
+        report(
+            body,
+            Condition(c.COND_FAILED, True, c.REASON_INVALID_SPEC, str(exc)),
+            Condition(c.COND_RUNNING, False, c.REASON_INVALID_SPEC, str(exc)),
+            write=kopf_patch(patch, completedAt=now_rfc3339()),
+            warning=True,
+            count=ctx.metrics.capture_failures.labels(c.KIND_SNAPSHOT_JOB, c.REASON_INVALID_SPEC),
         )
-        patch.status["completedAt"] = now_rfc3339()
-        event(body, type_="Warning", reason=c.REASON_INVALID_SPEC, message=str(exc))
-        ctx.metrics.capture_failures.labels(c.KIND_SNAPSHOT_JOB, c.REASON_INVALID_SPEC).inc()
         raise kopf.PermanentError(str(exc)) from None
     extra = {k: v for k, v in labels.items() if k in INHERITED_LABELS}
     job = build_job(

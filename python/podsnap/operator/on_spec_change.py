@@ -9,7 +9,7 @@ from typing import Any
 import kopf
 
 from podsnap import contract as c
-from podsnap.operator.kube import event
+from podsnap.kube.events import event
 from podsnap.operator.runtime import registry
 
 REASON_SPEC_IMMUTABLE = "SpecImmutable"

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from podsnap import contract as c
-from podsnap.operator.capture_job import with_control_dir, with_control_volume
+from podsnap.kube.podshape import is_standby, with_control_dir, with_control_volume
 
 #: the startup probe allows this long for the agent to restore (periodSeconds 1 x failureThreshold)
 RESTORE_STARTUP_BUDGET_S = 900
@@ -21,19 +21,6 @@ RESTORE_STARTUP_BUDGET_S = 900
 
 class NotShapeable(ValueError):
     """The pod cannot be shaped for restore (the webhook then leaves it untouched: a cold start)."""
-
-
-def is_standby(container: Mapping[str, Any]) -> bool:
-    return any(
-        e.get("name") == c.ENV_RESTORE_STANDBY and c.is_truthy(e.get("value")) for e in container.get("env") or []
-    )
-
-
-def control_dir_of(container: Mapping[str, Any]) -> str:
-    for e in container.get("env") or []:
-        if e.get("name") in (c.ENV_CONTROL_DIR, c.ENV_CONTROL_DIR_DYNAMO) and e.get("value"):
-            return str(e["value"])
-    return c.CONTROL_DIR_DEFAULT
 
 
 def shape(pod: Mapping[str, Any], *, snapshot: str, container: str) -> dict[str, Any]:

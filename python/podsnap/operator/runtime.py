@@ -7,12 +7,14 @@ from typing import Any
 
 import kopf
 
+from podsnap.kube.client import Credentials, Kube
+from podsnap.kube.entrypoint import context_of
 from podsnap.operator.config import OperatorConfig
-from podsnap.operator.kube import Credentials, Kube
 from podsnap.operator.metrics import OperatorMetrics
 
 #: the operator's own registry, so the agent's handlers (another registry) can run in the same process
 registry = kopf.OperatorRegistry()
+ENTRYPOINT = "podsnap.operator.main"
 
 
 @dataclass
@@ -31,7 +33,4 @@ class OperatorContext:
 
 
 def ctx_of(memo: Any) -> OperatorContext:
-    ctx = memo.get("podsnap") if hasattr(memo, "get") else None
-    if not isinstance(ctx, OperatorContext):
-        raise kopf.PermanentError("operator context missing from memo: start through podsnap.operator.main")
-    return ctx
+    return context_of(memo, OperatorContext, ENTRYPOINT)

@@ -1,4 +1,4 @@
-"""The operator's one startup handler (settings) and its login handler (credentials from the context)."""
+"""The operator's one startup handler (settings) and its login (credentials from the context)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import kopf
 import kubernetes
 
 from podsnap import contract as c
-from podsnap.kopf_settings import apply_common
+from podsnap.kube.entrypoint import register_login
+from podsnap.kube.settings import apply_common
 from podsnap.operator.config import OperatorConfig
-from podsnap.operator.runtime import ctx_of, registry
+from podsnap.operator.runtime import ENTRYPOINT, OperatorContext, ctx_of, registry
 
 #: kopf's own bookkeeping lives under this prefix, apart from the agent's (they share PodSnapshotContents)
 PROGRESS_PREFIX = f"operator.{c.GROUP}"
@@ -63,6 +64,4 @@ def startup(*, settings: kopf.OperatorSettings, memo: Any, logger: kopf.Logger, 
     logger.info("podsnap operator started (server minor %s, gates %s)", ctx.server_minor, ctx.scheduling_gates)
 
 
-@kopf.on.login(registry=registry)
-def login(*, memo: Any, **_: Any) -> kopf.ConnectionInfo:
-    return ctx_of(memo).credentials.connection_info()
+register_login(registry, OperatorContext, ENTRYPOINT)

@@ -1,15 +1,15 @@
-"""Kubernetes access shared by the operator and the agent: credentials (for kopf and the `kubernetes`
-client alike), idempotent create, status writes with optimistic concurrency, and Events."""
+"""Kubernetes access of the operator and the agent: credentials (for kopf and the `kubernetes` client
+alike), the typed API groups over one client, idempotent create, and status writes with optimistic
+concurrency."""
 
 from __future__ import annotations
 
-import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import kopf
 import kubernetes
@@ -17,8 +17,6 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from podsnap import contract as c
-
-log = logging.getLogger(__name__)
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 CONFLICT_RETRIES = 8
@@ -206,21 +204,3 @@ def get_or_none(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if exc.status == 404:
             return None
         raise
-
-
-def ref_body(obj: Mapping[str, Any], api_version: str, kind: str) -> dict[str, Any]:
-    """Enough of an object for kopf to post an Event about it."""
-    meta = obj.get("metadata") or {}
-    return {
-        "apiVersion": api_version,
-        "kind": kind,
-        "metadata": {k: meta[k] for k in ("name", "namespace", "uid") if k in meta},
-    }
-
-
-def event(obj: Mapping[str, Any], *, type_: str, reason: str, message: str) -> None:
-    """A Kubernetes Event on `obj` (a body with apiVersion/kind/metadata); never fails the caller."""
-    try:
-        kopf.event(cast(kopf.Body, dict(obj)), type=type_, reason=reason, message=message[:1024])
-    except Exception:  # an Event is best-effort by nature
-        log.exception("could not post event %s on %s", reason, (obj.get("metadata") or {}).get("name"))

@@ -1,4 +1,4 @@
-"""kopf settings shared by the operator and the agent (each adds its own finalizer and selectors)."""
+"""The kopf settings the operator and the agent share (each adds its own finalizer and selectors)."""
 
 from __future__ import annotations
 
