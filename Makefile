@@ -19,10 +19,11 @@ setup: ## install every tool the tests need (idempotent; slow builds cached in ~
 setup-python: ## only the Python environment and the downloaded tools (no Kubernetes/CRIU builds)
 	@$(ROOT)/hack/setup.sh --no-kubernetes --no-criu
 
-lint: setup-python ## ruff (lint + format check) and mypy
+lint: setup-python ## ruff (lint + format check), mypy, and the import layers of .importlinter
 	$(PY) -m ruff check python tests bench hack
 	$(PY) -m ruff format --check python tests bench hack
 	$(PY) -m mypy
+	$(ROOT)/.venv/bin/lint-imports --no-cache $(ROOT)/.importlinter
 
 fmt: setup-python ## apply ruff's fixes and formatting
 	$(PY) -m ruff check --fix python tests bench hack
