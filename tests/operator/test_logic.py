@@ -323,8 +323,8 @@ def test_container_processes_are_found_by_cgroup_and_rooted(tmp_path: Path) -> N
 
 def test_control_files_are_written_through_the_process_root(tmp_path: Path) -> None:
     (tmp_path / "5" / "root" / "snapshot-control").mkdir(parents=True)
-    directory = control.control_dir(5, "/snapshot-control", tmp_path)
-    control.signal_restored(directory, {"POD_NAME": "new"})
+    control.signal_restored(control.control_dir(5, "/snapshot-control", tmp_path), {"POD_NAME": "new"})
+    directory = tmp_path / "5" / "root" / "snapshot-control"
     assert c.RestoreContext.from_json((directory / c.FILE_RESTORE_CONTEXT).read_text()).env == {"POD_NAME": "new"}
     assert (directory / c.FILE_RESTORE_COMPLETE).exists()
     with pytest.raises(FileNotFoundError, match="volume mounted"):

@@ -1,7 +1,8 @@
 """One measured round trip of the demo worker through the engine: cold start -> capture -> restore.
 
-Used by the GPU tests and `bench/gpu_bench.py` (and the CPU CRIU test), so all of them measure the
-same thing the same way:
+`podsnap.demo.round_trip` is the ONE implementation: `podsnap demo` (which prints its timing table),
+the CPU and GPU tests and `bench/gpu_bench.py` all call it, so all of them measure the same thing the
+same way:
 
   cold start  launch of `python -m podsnap.demo` -> its first answer (interpreter, imports, weights,
               compile, warm-up: what a new replica pays without podsnap)
@@ -21,6 +22,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -28,9 +30,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from podsnap import contract
+from podsnap.controldir import ControlDir
+
+if TYPE_CHECKING:
+    from podsnap.engine import ProgressFn
 
 QUESTION = "Explain in one sentence what a snapshot of an inference worker is."
 GIB = float(1 << 30)
@@ -117,6 +123,47 @@ def start_detached(cmd: Sequence[str], workdir: Path, env: dict[str, str]) -> tu
     return int(pidfile.read_text()), log
 
 
+def _exists(pid: int) -> bool:
+    """True while `pid` is taken, zombies included (a zombie still blocks its PID for a restore)."""
+    return Path(f"/proc/{pid}").exists()
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        children.setdefault(int(stat[stat.rindex(")") + 2 :].split()[1]), []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def stop_worker(pid: int, *, timeout_s: float = 5.0) -> None:
+    """SIGTERM the worker, then SIGKILL it and whatever it started; wait until its PID is free."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while _exists(pid) and time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.02)
+    if _exists(pid):
+        for p in reversed(_descendants(pid)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(p, signal.SIGKILL)
+        deadline = time.monotonic() + timeout_s
+        while _exists(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+
 def round_trip(
     workdir: Path,
     worker_args: Sequence[str],
@@ -129,20 +176,31 @@ def round_trip(
     progress: Callable[[str], None] | None = None,
     env: dict[str, str] | None = None,
     after_cold_start: Callable[[], None] | None = None,
+    engine_progress: ProgressFn | None = None,
+    capture_extra: dict[str, Any] | None = None,
+    context_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run the whole round trip; return a JSON-able report (see module doc). Raises RoundTripError.
 
+    `worker_args` go to `python -m podsnap.demo` (e.g. `--device cuda --weights-gib 8 --cooperative`).
     `after_cold_start()` runs once the source answered, before the capture (e.g. to free the memory
-    a weights file in tmpfs holds before the capture needs as much again).
+    a weights file in tmpfs holds before the capture needs as much again). `engine_progress` is the
+    engine's `progress=` callback for capture and restore; `capture_extra` goes into the manifest;
+    `context_env` is the restore context handed to the restored worker. `keep=True` leaves the
+    restored worker running and the artifact in place.
+
+    Report keys: worker_args, cold_start_s, before, gpu_bytes, capture_s, capture{timings_ms,
+    bytes_total, bytes_memory, cuda_pids}, restore_s, restore{timings_ms, bytes_total, pid, cuda_pids,
+    resume_s, first_answer}, after, bit_exact, same_worker, restore_over_cold.
     """
     from podsnap.engine import CaptureOptions, RestoreOptions, capture, restore
-    from podsnap.engine.proctree import exists, kill_tree
 
     say = progress or (lambda _msg: None)
     workdir.mkdir(parents=True, exist_ok=True)
     control = workdir / "control"
     shutil.rmtree(control, ignore_errors=True)
     control.mkdir()
+    ctl = ControlDir(control)
     artifact = (artifact_dir or workdir) / "artifact"
     shutil.rmtree(artifact, ignore_errors=True)
     cmd = [sys.executable, "-m", "podsnap.demo", "--host", "127.0.0.1", "--port", str(port), *worker_args]
@@ -152,6 +210,7 @@ def round_trip(
     try:
         t0 = time.monotonic()
         pid, log = start_detached(cmd, workdir, wenv)
+        say(f"started the worker (pid {pid}, port {port}, log {log})")
         health = f"http://127.0.0.1:{port}/health"
         _wait("the cold start", lambda: _request(health, timeout=5)["status"] == "ok", cold_start_timeout_s, pid, log)
         first = _request(
@@ -166,12 +225,17 @@ def round_trip(
         report["gpu_bytes"] = gpu_memory_bytes(pid)
         if after_cold_start is not None:
             after_cold_start()
-        say(f"cold start {report['cold_start_s']:.2f}s (pid {pid}); capturing")
-        _wait(contract.FILE_READY_FOR_SNAPSHOT, (control / contract.FILE_READY_FOR_SNAPSHOT).exists, 60, pid, log)
+        say(f"cold start {report['cold_start_s']:.2f}s (pid {pid}); waiting for {contract.FILE_READY_FOR_SNAPSHOT}")
+        _wait(contract.FILE_READY_FOR_SNAPSHOT, lambda: ctl.exists(contract.FILE_READY_FOR_SNAPSHOT), 60, pid, log)
         t1 = time.monotonic()
-        cap = capture(pid, artifact, CaptureOptions(criu_binary=criu_binary))
+        cap = capture(
+            pid,
+            artifact,
+            CaptureOptions(criu_binary=criu_binary, extra=dict(capture_extra or {})),
+            progress=engine_progress,
+        )
         report["capture_s"] = time.monotonic() - t1
-        if exists(pid):
+        if _exists(pid):
             raise RoundTripError(f"the source (pid {pid}) survived its capture")
         report["capture"] = {
             "timings_ms": cap.timings_ms,
@@ -179,14 +243,12 @@ def round_trip(
             "bytes_memory": cap.bytes_memory,
             "cuda_pids": list(cap.cuda_pids),
         }
-        say(f"captured {cap.bytes_total / GIB:.2f} GiB in {report['capture_s']:.2f}s; restoring")
+        say(f"captured {cap.bytes_total / GIB:.2f} GiB in {report['capture_s']:.2f}s; the source is gone; restoring")
         t2 = time.monotonic()
-        res = restore(artifact, RestoreOptions(criu_binary=criu_binary))
+        res = restore(artifact, RestoreOptions(criu_binary=criu_binary), progress=engine_progress)
         pid = res.pid
         t3 = time.monotonic()
-        ctx = contract.RestoreContext(env={"POD_NAME": "podsnap-roundtrip", "POD_IP": "127.0.0.1"})
-        (control / contract.FILE_RESTORE_CONTEXT).write_text(ctx.to_json())
-        (control / contract.FILE_RESTORE_COMPLETE).write_text("")
+        ctl.signal_restored(context_env or {"POD_NAME": "podsnap-roundtrip", "POD_IP": "127.0.0.1"})
         _wait(
             "the restored worker to resume", lambda: _request(health, timeout=5).get("restored") is True, 120, pid, log
         )
@@ -199,6 +261,8 @@ def round_trip(
         report["restore"] = {
             "timings_ms": res.timings_ms,
             "bytes_total": res.bytes_total,
+            "pid": res.pid,
+            "cuda_pids": list(res.cuda_pids),
             "resume_s": t4 - t3,
             "first_answer": chat["choices"][0]["message"]["content"],
         }
@@ -214,8 +278,7 @@ def round_trip(
         say(f"restored in {report['restore_s']:.2f}s; bit_exact={report['bit_exact']}")
         return report
     finally:
-        if pid is not None and not keep:
-            with contextlib.suppress(Exception):
-                kill_tree([pid])
+        if pid is not None and not keep and _exists(pid):
+            stop_worker(pid)
         if not keep:
             shutil.rmtree(artifact, ignore_errors=True)

@@ -19,9 +19,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from podsnap.contract import RestoreContext
+from podsnap import controldir
+from podsnap.contract import FILE_RESTORE_COMPLETE, RestoreContext
+from podsnap.controldir import ControlDir
 from podsnap.workload import _control_dir
-from podsnap.workload._errors import QuiesceError, RestoreTimeout, ResumeError
+from podsnap.workload._errors import ControlDirError, QuiesceError, RestoreContextError, RestoreTimeout, ResumeError
 from podsnap.workload._identity import ProcessIdentity
 
 QuiesceHook = Callable[[], None]
@@ -91,23 +93,35 @@ class SnapshotControl:
 
         `timeout_s` bounds the wait for `restore-complete`; None waits for ever, which is right for a
         capture job whose deadline the operator enforces. Raises RestoreTimeout, QuiesceError,
-        RestoreContextError or ResumeError.
+        RestoreContextError, ResumeError or ControlDirError.
         """
         if self.control_dir is None:
             return ResumeInfo(restored=False)
-        control_dir = self.control_dir
-        _control_dir.clear_stale(control_dir)
+        ctl = ControlDir(self.control_dir)
+        try:
+            ctl.clear_stale()
+        except controldir.ControlDirError as e:
+            raise ControlDirError(str(e)) from e
         for name, quiesce in self._quiesce:
             try:
                 quiesce()
             except Exception as e:
                 raise QuiesceError(name, e) from e
         before = ProcessIdentity.current()
-        _control_dir.write_ready(control_dir, {"pid": os.getpid(), "time": time.time()})
+        ctl.write_ready({"pid": os.getpid(), "time": time.time()})
         # -- the capture happens here; a restored copy of this process continues from this loop --
-        waited_s = self._wait_for_complete(control_dir, timeout_s)
+        try:
+            waited_s = ctl.wait_for(FILE_RESTORE_COMPLETE, timeout_s=timeout_s, poll_s=self.poll_interval_s)
+        except controldir.ControlDirTimeout as e:
+            raise RestoreTimeout(
+                f"{ctl}/{FILE_RESTORE_COMPLETE} did not appear within {timeout_s:g}s after ready-for-snapshot was "
+                "written; is a podsnap agent (or `podsnap restore --control-dir`) serving this control dir?"
+            ) from e
         restored = ProcessIdentity.current() != before
-        context = _control_dir.read_context(control_dir)
+        try:
+            context = ctl.read_context()
+        except controldir.InvalidRestoreContext as e:
+            raise RestoreContextError(str(e)) from e
         os.environ.update(context.env)
         info = ResumeInfo(restored=restored, context=context, waited_s=waited_s)
         seconds: dict[str, float] = {}
@@ -119,28 +133,3 @@ class SnapshotControl:
                 raise ResumeError(name, e) from e
             seconds[name] = time.monotonic() - t0
         return ResumeInfo(restored=restored, context=context, waited_s=waited_s, hook_seconds=seconds)
-
-    def _wait_for_complete(self, control_dir: Path, timeout_s: float | None) -> float:
-        """Poll for `restore-complete`; return the seconds this process spent running while it waited.
-
-        The clock is not trusted across the capture: the process is frozen for an unknown time, and a
-        restore on another machine sees another monotonic clock. A step far longer than one poll (or a
-        negative one) is that gap, and neither counts toward the timeout nor the reported wait.
-        """
-        complete = _control_dir.complete_path(control_dir)
-        max_step = 10 * self.poll_interval_s + 1.0
-        waited = 0.0
-        last = time.monotonic()
-        while not complete.exists():
-            if timeout_s is not None and waited > timeout_s:
-                raise RestoreTimeout(
-                    f"{complete} did not appear within {timeout_s:g}s after ready-for-snapshot was written; "
-                    "is a podsnap agent (or `podsnap capture`) serving this control dir?"
-                )
-            time.sleep(self.poll_interval_s)
-            now = time.monotonic()
-            step = now - last
-            last = now
-            if 0.0 <= step <= max_step:
-                waited += step
-        return waited
