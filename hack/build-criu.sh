@@ -1,19 +1,38 @@
 #!/usr/bin/env bash
-# Builds CRIU from Debian's newer source package on a Debian 12 machine, into the per-user cache.
-# Debian 12's own criu 3.17 fails on these kernels ("vdso: Unexpected rt vDSO area bounds") and has
-# no CUDA plugin support; 4.2.1 works. The result travels (to the GPU machine, into pods) with lib/.
-# usage: hack/build-criu.sh            -> prints the bundle dir ($PODSNAP_CACHE/criu-$VERSION)
+# Builds a statically linked CRIU from Debian's source package into the per-user cache.
+# Debian 12's own criu 3.17 fails on these kernels ("vdso: Unexpected rt vDSO area bounds") and has no
+# CUDA support; 4.2.1 works.
+#
+# Why static, and why guarded: the agent runs CRIU inside a workload container's mount namespace, as
+# root with every capability. A dynamic CRIU would be loaded by the container's ELF interpreter, libc
+# and /etc/ld.so.preload. So the binary has no PT_INTERP and no shared libraries, and it is linked with
+# hack/criu-guards.c in place of every way CRIU could execute a program (sh, iptables, ip, tar,
+# apparmor_parser, action scripts) or load code (plugins, NSS modules). Its two default paths into the
+# container's filesystem, the kerndat cache (/run/criu.kdat) and the plugin dir (/usr/lib/criu), point
+# into /proc, where nobody can create files. The checks at the end prove each property on the result.
+# gnutls (TLS page server) and nftables (network locking) have no static archives in Debian and are
+# left out; podsnap needs neither (CRIU is told `network-lock skip`, and connections are closed).
+#
+# usage: hack/build-criu.sh    -> prints the bundle dir ($PODSNAP_CACHE/criu-$VERSION-static):
+#   criu       the static ELF (run it directly; the agent execs it through an fd of this file)
+#   criu.sh    `exec criu "$@"`, for callers that carried the old bundle layout (.device/criu/criu.sh)
+#   BUILDINFO  version, source digest, recipe digest, build time
 set -euo pipefail
-source "$(dirname "$0")/lib.sh"
+HERE=$(cd "$(dirname "$0")" && pwd)
+source "$HERE/lib.sh"
 CRIU_VERSION=${CRIU_VERSION:-4.2.1}
 CRIU_DEB_VERSION=${CRIU_DEB_VERSION:-4.2.1-1}
 CRIU_ORIG_SHA256=${CRIU_ORIG_SHA256:-29ec0ee09e296479fe7048c80980e8ef1d0684d0b0204c2b101dfea19f6725b9}
-OUT=$PODSNAP_CACHE/criu-$CRIU_VERSION
-if [ -x "$OUT/criu" ] && LD_LIBRARY_PATH="$OUT/lib" "$OUT/criu" --version >/dev/null 2>&1; then echo "$OUT"; exit 0; fi
-log "building CRIU $CRIU_VERSION (≈1 min) into $OUT"
-apt_install build-essential pkgconf libbsd-dev libcap-dev libgnutls28-dev libnet1-dev libnftables-dev \
-  libnl-3-dev libprotobuf-c-dev libprotobuf-dev protobuf-c-compiler protobuf-compiler python3-protobuf \
-  uuid-dev iproute2 xz-utils
+OUT=$PODSNAP_CACHE/criu-$CRIU_VERSION-static
+# a change to this script or to the guards rebuilds, so a cache never holds an older recipe's binary
+RECIPE=$(cat "$HERE/build-criu.sh" "$HERE/criu-guards.c" | sha256sum | cut -c1-16)
+if [ -x "$OUT/criu" ] && grep -qx "recipe=$RECIPE" "$OUT/BUILDINFO" 2>/dev/null && "$OUT/criu" --version >/dev/null 2>&1; then
+  echo "$OUT"; exit 0
+fi
+T0=$(date +%s)
+log "building static CRIU $CRIU_VERSION (≈3 min on 2 cores) into $OUT"
+apt_install build-essential pkgconf binutils libbsd-dev libcap-dev libnet1-dev libnl-3-dev libprotobuf-c-dev \
+  libprotobuf-dev protobuf-c-compiler protobuf-compiler python3-protobuf uuid-dev xz-utils
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/podsnap-criu.XXXXXX"); trap 'rm -rf "$WORK"' EXIT
 TARBALL=""
 for suite in sid forky trixie; do
@@ -26,19 +45,61 @@ done
 echo "$CRIU_ORIG_SHA256  $TARBALL" | sha256sum -c --quiet - || die "CRIU: sha256 of $TARBALL does not match the pinned $CRIU_ORIG_SHA256"
 tar -C "$WORK" -xf "$TARBALL"
 SRC=$(ls -d "$WORK"/criu-"$CRIU_VERSION"*/ | head -1)
-make -C "$SRC" -j"$(nproc)" criu >"$WORK/make.log" 2>&1 || { tail -30 "$WORK/make.log" >&2; die "CRIU: make failed (log above)"; }
-STAGE=$OUT.tmp.$$; rm -rf "$STAGE"; mkdir -p "$STAGE/lib"
-cp "$SRC/criu/criu" "$STAGE/criu"
-# every shared library beyond glibc, so the bundle runs elsewhere with LD_LIBRARY_PATH=lib (glibc >= 2.36 needed)
-ldd "$STAGE/criu" | awk '/=> \//{print $3}' | grep -Ev '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*)[.-]' \
-  | xargs -r -I{} cp -L {} "$STAGE/lib/"
+
+# Optional libraries CRIU's Makefile.config picks up through pkg-config when installed: none has a
+# static archive in Debian 12, so they are hidden whatever this machine has installed.
+cat >"$WORK/pkg-config" <<'SH'
+#!/bin/sh
+for a in "$@"; do case $a in *nftables*|*gnutls*|*selinux*|*libbpf*|*libdrm*) exit 1;; esac; done
+exec pkg-config "$@"
+SH
+chmod +x "$WORK/pkg-config"
+gcc -O2 -Wall -Wextra -Werror -c "$HERE/criu-guards.c" -o "$WORK/criu-guards.o"
+GUARDED=execvp,execvpe,execve,execlp,dlopen,dlerror,dlsym,dlclose,getaddrinfo,freeaddrinfo,getnameinfo
+GUARDED=$GUARDED,gethostbyname,gethostbyname2,gethostbyaddr,getprotobyname,getprotobynumber
+# WRAPFLAGS reaches only the final links (criu, and compel's host tool, which runs at build time);
+# LDFLAGS would also reach the relocatable links of CRIU's parasite and restorer blobs, which must
+# stay position independent. gcc's -static applies wherever it sits on the line.
+WRAP="-static $WORK/criu-guards.o -Wl,--wrap=${GUARDED//,/,--wrap=}"
+if ! WRAPFLAGS="$WRAP" make -C "$SRC" -j"$(nproc)" criu PKG_CONFIG="$WORK/pkg-config" NO_GNUTLS=1 \
+    RUNDIR=/proc/self/podsnap-no-kdat-cache PLUGINDIR=/proc/self/podsnap-no-criu-plugins >"$WORK/make.log" 2>&1; then
+  tail -30 "$WORK/make.log" >&2; die "CRIU: make failed (log above)"
+fi
+BIN=$SRC/criu/criu
+
+# --- what the result must be ----------------------------------------------------------------------
+readelf -lW "$BIN" | grep -q 'Requesting program interpreter' && die "CRIU: the binary has an ELF interpreter (not static)"
+readelf -dW "$BIN" | grep -q NEEDED && die "CRIU: the binary needs shared libraries (not static)"
+grep -i 'warning: Using .* in statically linked' "$WORK/make.log" >&2 && die "CRIU: the link kept glibc calls that load shared objects at run time (above): guard them in hack/criu-guards.c"
+SYMS=$(nm "$BIN")
+for s in ${GUARDED//,/ }; do
+  grep -q " T __wrap_$s\$" <<<"$SYMS" || die "CRIU: the guard for $s is not linked in"
+done
+# program execution and NSS code must be absent altogether; glibc's static dlopen stays linked
+# (reached from backtrace_symbols and gconv), but no CRIU code calls it: every call is wrapped above
+BAD=$(grep -E ' [TtWw] (execve|__execve|execvp|execvpe|execlp|execl|execv|execle|fexecve|posix_spawnp?|system|popen|__nss_lookup|__nss_module_load|getaddrinfo|gethostbyname_r)$' <<<"$SYMS" || true)
+[ -z "$BAD" ] || die "CRIU: the binary still contains code to run programs or load NSS modules: $(echo $BAD)"
+grep -q 'podsnap-no-kdat-cache' "$BIN" && grep -q 'podsnap-no-criu-plugins' "$BIN" \
+  || die "CRIU: RUNDIR/PLUGINDIR did not reach the build"
+strip "$BIN"
+"$BIN" --version >/dev/null || die "CRIU: the built binary does not run"
+
+STAGE=$OUT.tmp.$$; rm -rf "$STAGE"; mkdir -p "$STAGE"
+cp "$BIN" "$STAGE/criu"
 cat >"$STAGE/criu.sh" <<'SH'
 #!/bin/sh
-# runs the bundled criu with its own libraries
-D=$(dirname "$(readlink -f "$0")")
-LD_LIBRARY_PATH="$D/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$D/criu" "$@"
+# the bundle's criu is static: this only keeps the old entry point (criu.sh) working
+exec "$(dirname "$(readlink -f "$0")")/criu" "$@"
 SH
 chmod +x "$STAGE/criu.sh"
-LD_LIBRARY_PATH="$STAGE/lib" "$STAGE/criu" --version >&2
+{
+  echo "version=$CRIU_VERSION"
+  echo "source=$(basename "$TARBALL") sha256=$CRIU_ORIG_SHA256"
+  echo "recipe=$RECIPE"
+  echo "static=yes guards=$GUARDED"
+  echo "built=$(date -u +%FT%TZ) seconds=$(( $(date +%s) - T0 )) size=$(stat -c %s "$STAGE/criu")"
+} >"$STAGE/BUILDINFO"
+"$STAGE/criu" --version >&2
 rm -rf "$OUT"; mv "$STAGE" "$OUT"
+log "static CRIU built in $(( $(date +%s) - T0 )) s ($(stat -c %s "$OUT/criu") bytes)"
 echo "$OUT"

