@@ -69,4 +69,5 @@ if [ $WANT_CRIU = 1 ]; then
   CDIR=$("$ROOT/hack/build-criu.sh") || die "CRIU could not be built (see above)"
   ln -sfn "$CDIR/criu" "$BIN/criu"; ln -sfn "$CDIR" "$ROOT/.tools/criu"
 fi
+"$ROOT/hack/engines.sh" || die "engine sources for the contract tests could not be cached (see above)"
 log "tools ready in $(( $(date +%s) - T0 )) s: $(ls "$BIN" | tr '\n' ' ')"

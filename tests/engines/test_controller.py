@@ -1,0 +1,335 @@
+"""Behaviour of the engine controller against engine STAND-INS (tests/engines/standin.py).
+
+The test plays the node agent on a real control dir: it waits for `ready-for-snapshot`, notes it in
+the same journal the stand-in engine writes, and writes `restore-complete`. A process cannot be
+restored here without CRIU, so the in-process tests take the "source released, resume" path, which
+runs the same resume calls; the exit paths run in real subprocesses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+
+from podsnap import contract
+from podsnap.workload import QuiesceError, ResumeError, SnapshotControl, SnapshotError
+from podsnap.workload.engines import (
+    EXIT_RESTORE_TIMEOUT,
+    EngineQuiesceError,
+    EngineResumeError,
+    EngineSnapshot,
+    OutsideConnectionError,
+)
+from podsnap.workload.engines.sglang import SglangAdapter
+from podsnap.workload.engines.trtllm import TrtllmAdapter
+from podsnap.workload.engines.vllm import VllmAdapter
+from tests.engines.conftest import HttpStandIn
+from tests.engines.standin import (
+    EngineFault,
+    Journal,
+    SglangEngineStandIn,
+    TrtllmLLMStandIn,
+    VllmAsyncStandIn,
+    VllmEngineStandIn,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+WAIT_S = 30.0
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
+        time.sleep(0.01)
+
+
+class Agent:
+    """Plays the node agent in a thread: on ready-for-snapshot, journal it and release the worker."""
+
+    def __init__(self, control_dir: Path, journal: Journal) -> None:
+        self.control_dir = control_dir
+        self.journal = journal
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+
+    def _serve(self) -> None:
+        ready = self.control_dir / contract.FILE_READY_FOR_SNAPSHOT
+        wait_for(ready.exists, "ready-for-snapshot")
+        self.journal.add("agent: ready-for-snapshot")
+        (self.control_dir / contract.FILE_RESTORE_CONTEXT).write_text(
+            contract.RestoreContext(env={"POD_NAME": "restored-0", "POD_IP": "10.9.8.7"}).to_json()
+        )
+        (self.control_dir / contract.FILE_RESTORE_COMPLETE).write_text("1\n")
+        self.journal.add("agent: restore-complete")
+
+    def __enter__(self) -> Agent:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.thread.join(timeout=WAIT_S)
+
+
+@pytest.fixture
+def control_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    d = tmp_path / "snapshot-control"
+    d.mkdir()
+    for name in ("POD_NAME", "POD_IP"):
+        monkeypatch.delenv(name, raising=False)
+    yield d
+
+
+def no_exit(status: int) -> NoReturn:
+    raise AssertionError(f"the controller exited with {status}")
+
+
+def controller(adapter: object, control_dir: Path, **kw: object) -> EngineSnapshot:
+    control = SnapshotControl(control_dir, poll_interval_s=0.01)
+    kw.setdefault("on_source_released", "resume")
+    kw.setdefault("exit", no_exit)
+    return EngineSnapshot(adapter, control=control, **kw)  # type: ignore[arg-type]
+
+
+# --- order ------------------------------------------------------------------------------------
+def test_vllm_quiesces_before_the_checkpoint_and_resumes_in_reverse_after_it(control_dir: Path) -> None:
+    journal = Journal()
+    seen: list[str] = []
+    ctl = controller(
+        VllmAdapter(VllmEngineStandIn(journal)),
+        control_dir,
+        on_restore=lambda info: seen.append(os.environ["POD_NAME"]),
+    )
+    with Agent(control_dir, journal):
+        outcome = ctl.run()
+    assert journal.events == [
+        "sleep(level=0, mode='abort')",
+        "release_kv_cache_memory()",
+        "agent: ready-for-snapshot",
+        "agent: restore-complete",
+        "wake_up(tags=['kv_cache'])",
+        "wake_up(tags=['scheduling'])",
+    ]
+    # the new pod's identity is in the environment by the time the worker's own hook runs
+    assert seen == ["restored-0"]
+    assert ctl.state == "resumed"
+    assert list(outcome.call_seconds) == [
+        "sleep(level=0, mode='abort')",
+        "release_kv_cache_memory()",
+        "wake_up(tags=['kv_cache'])",
+        "wake_up(tags=['scheduling'])",
+    ]
+
+
+def test_vllm_level1_sleeps_and_wakes_everything(control_dir: Path) -> None:
+    journal = Journal()
+    with Agent(control_dir, journal):
+        controller(VllmAdapter(VllmEngineStandIn(journal), mode="level1"), control_dir).run()
+    assert journal.events == [
+        "sleep(level=0, mode='abort')",
+        "sleep(level=1, mode='abort')",
+        "agent: ready-for-snapshot",
+        "agent: restore-complete",
+        "wake_up(tags=None)",
+        "wake_up(tags=['scheduling'])",
+    ]
+
+
+def test_async_vllm_runs_on_the_engines_loop(control_dir: Path) -> None:
+    journal = Journal()
+    engine = VllmAsyncStandIn(journal)
+    with Agent(control_dir, journal):
+        asyncio.run(controller(VllmAdapter(engine, pause_mode="wait"), control_dir).arun())
+    assert journal.events == [
+        "pause_generation(mode='wait', clear_cache=True)",
+        "release_kv_cache_memory()",
+        "agent: ready-for-snapshot",
+        "agent: restore-complete",
+        "wake_up(tags=['kv_cache'])",
+        "resume_generation()",
+    ]
+
+
+def test_sglang_and_trtllm_release_only_the_kv_cache_by_default(control_dir: Path) -> None:
+    journal = Journal()
+    with Agent(control_dir, journal):
+        controller(SglangAdapter(SglangEngineStandIn(journal)), control_dir).run()
+    for f in control_dir.iterdir():
+        f.unlink()
+    with Agent(control_dir, journal):
+        controller(TrtllmAdapter(TrtllmLLMStandIn(journal)), control_dir).run()
+    assert [e for e in journal.events if not e.startswith("agent")] == [
+        "release_memory_occupation(tags=['kv_cache'])",
+        "resume_memory_occupation(tags=['kv_cache'])",
+        "_collective_rpc:sleep(['kv_cache'])",
+        "_collective_rpc:wakeup(['kv_cache'])",
+    ]
+
+
+def test_http_admin_endpoints_are_called_in_order(control_dir: Path, http_stand_in: HttpStandIn) -> None:
+    journal = Journal()
+    with Agent(control_dir, journal):
+        controller(SglangAdapter.http(http_stand_in.url, release_weights=True), control_dir).run()
+    assert [(r[1], r[3]) for r in http_stand_in.requests] == [
+        ("/pause_generation", {"mode": "abort"}),
+        ("/release_memory_occupation", {"tags": ["kv_cache", "weights"]}),
+        ("/resume_memory_occupation", {"tags": ["kv_cache", "weights"]}),
+        ("/continue_generation", {}),
+    ]
+
+
+def test_without_a_control_dir_the_engine_is_not_touched(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(contract.ENV_CONTROL_DIR, raising=False)
+    monkeypatch.delenv(contract.ENV_CONTROL_DIR_DYNAMO, raising=False)
+    engine = VllmEngineStandIn()
+    outcome = EngineSnapshot(VllmAdapter(engine), exit=no_exit).run()
+    assert (outcome.restored, engine.journal.events) == (False, [])
+
+
+# --- errors -----------------------------------------------------------------------------------
+def test_a_failing_quiesce_call_names_engine_and_call_and_undoes_what_was_done(control_dir: Path) -> None:
+    engine = VllmEngineStandIn(fail={"release_kv_cache_memory": EngineFault("CUDA out of memory")})
+    with pytest.raises(EngineQuiesceError) as caught:
+        controller(VllmAdapter(engine), control_dir).run()
+    err = caught.value
+    assert (err.engine, err.call, err.phase) == ("vllm", "release_kv_cache_memory()", "quiesce")
+    assert isinstance(err, QuiesceError) and isinstance(err, SnapshotError)
+    assert isinstance(err.__cause__, EngineFault)
+    assert "vllm: release_kv_cache_memory() failed during quiesce" in str(err) and "CUDA out of memory" in str(err)
+    # the pause was undone; nothing was offered for capture
+    assert engine.journal.events == [
+        "sleep(level=0, mode='abort')",
+        "release_kv_cache_memory()",
+        "wake_up(tags=['scheduling'])",
+    ]
+    assert not (control_dir / contract.FILE_READY_FOR_SNAPSHOT).exists()
+
+
+def test_a_failing_resume_call_is_a_resume_error_naming_engine_and_call(control_dir: Path) -> None:
+    journal = Journal()
+    engine = TrtllmLLMStandIn(journal, fail={"_collective_rpc:wakeup": EngineFault("NCCL error")})
+    with Agent(control_dir, journal), pytest.raises(EngineResumeError) as caught:
+        controller(TrtllmAdapter(engine), control_dir).run()
+    err = caught.value
+    assert (err.engine, err.call, err.phase) == ("trtllm", "_collective_rpc('wakeup', args=(['kv_cache'],))", "resume")
+    assert isinstance(err, ResumeError)
+
+
+def test_an_http_error_from_the_engine_is_typed_and_names_the_route(
+    control_dir: Path, http_stand_in: HttpStandIn
+) -> None:
+    http_stand_in.fail["/release_kv_cache_memory"] = (500, '{"error": "not sleeping-capable"}')
+    with pytest.raises(EngineQuiesceError) as caught:
+        controller(VllmAdapter.http(http_stand_in.url), control_dir).run()
+    assert caught.value.call == "POST /release_kv_cache_memory"
+    assert "HTTP 500" in str(caught.value) and "not sleeping-capable" in str(caught.value)
+    assert [r[1] for r in http_stand_in.requests] == ["/pause", "/release_kv_cache_memory", "/resume"]
+
+
+def test_a_coroutine_engine_under_run_is_refused_with_the_fix(control_dir: Path) -> None:
+    with pytest.raises(EngineQuiesceError, match=r"arun\(\)"):
+        controller(VllmAdapter(VllmAsyncStandIn()), control_dir).run()
+
+
+# --- exits (real processes) --------------------------------------------------------------------
+def start_worker(control_dir: Path, journal: Path, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, contract.ENV_CONTROL_DIR: str(control_dir), "PYTHONPATH": f"{REPO}:{REPO / 'python'}"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.engines.standin_worker", str(journal), *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_a_restore_that_never_comes_ends_in_a_clean_exit(control_dir: Path, tmp_path: Path) -> None:
+    journal = tmp_path / "journal"
+    worker = start_worker(control_dir, journal, "0.5")
+    _, err = worker.communicate(timeout=WAIT_S)
+    assert worker.returncode == EXIT_RESTORE_TIMEOUT
+    assert err.strip() == "podsnap: vllm: no restore within 0.5s after ready-for-snapshot; exiting"
+    assert journal.read_text().split("\n")[:2] == ["sleep(level=0, mode='abort')", "release_kv_cache_memory()"]
+    assert "serving" not in journal.read_text()
+
+
+def test_the_source_exits_cleanly_once_its_snapshot_is_complete(control_dir: Path, tmp_path: Path) -> None:
+    journal = tmp_path / "journal"
+    worker = start_worker(control_dir, journal)
+    wait_for((control_dir / contract.FILE_READY_FOR_SNAPSHOT).exists, "ready-for-snapshot")
+    (control_dir / contract.FILE_RESTORE_COMPLETE).write_text("1\n")
+    _, err = worker.communicate(timeout=WAIT_S)
+    assert worker.returncode == 0
+    assert err.strip() == "podsnap: vllm: snapshot complete; the source exits"
+    # not woken up: the engine's copy lives on in the checkpoint, this process just ends
+    assert journal.read_text().splitlines() == ["sleep(level=0, mode='abort')", "release_kv_cache_memory()"]
+
+
+# --- outside connections -----------------------------------------------------------------------
+OUTSIDE_SCRIPT = """
+import socket, sys
+from podsnap.workload import SnapshotControl
+from podsnap.workload.engines import EngineSnapshot, OutsideConnectionError
+from podsnap.workload.engines.vllm import VllmAdapter
+from tests.engines.standin import VllmEngineStandIn
+server = socket.socket(); server.bind(("192.0.2.1", 0)); server.listen()
+client = socket.create_connection(server.getsockname()); accepted, _ = server.accept()
+engine = VllmEngineStandIn()
+try:
+    EngineSnapshot(VllmAdapter(engine), control=SnapshotControl(sys.argv[1])).run()
+except OutsideConnectionError as e:
+    print(e.connections, engine.journal.events)
+"""
+
+
+def test_an_outside_connection_is_refused_before_anything_is_quiesced(control_dir: Path) -> None:
+    """A private network namespace gives the process a non-loopback address of its own (192.0.2.1,
+    TEST-NET-1, on its own lo): the connection never leaves this machine."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("ip") is None:
+        pytest.skip("needs root, unshare and ip for a private network namespace")
+    shell = f"ip link set lo up && ip addr add 192.0.2.1/32 dev lo && exec {sys.executable} -c '{OUTSIDE_SCRIPT}' {control_dir}"
+    out = subprocess.run(
+        ["unshare", "--net", "sh", "-c", shell],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'python'}"},
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+        check=True,
+    )
+    connections, events = out.stdout.strip().split("] ")
+    assert connections.startswith("['192.0.2.1:")
+    assert events == "[]"
+    assert not (control_dir / contract.FILE_READY_FOR_SNAPSHOT).exists()
+
+
+def test_loopback_connections_and_our_own_clients_are_fine(control_dir: Path) -> None:
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    with server, socket.create_connection(server.getsockname()) as client:
+        accepted, _ = server.accept()
+        with accepted:
+            journal = Journal()
+            with Agent(control_dir, journal):
+                controller(VllmAdapter(VllmEngineStandIn(journal)), control_dir).run()
+            assert client.fileno() > 0
+    assert "agent: restore-complete" in journal.events
+
+
+def test_outside_connection_error_is_a_quiesce_error() -> None:
+    err = OutsideConnectionError("sglang", ["192.0.2.7:4222"])
+    assert isinstance(err, QuiesceError) and err.engine == "sglang" and "192.0.2.7:4222" in str(err)
