@@ -333,3 +333,34 @@ def test_loopback_connections_and_our_own_clients_are_fine(control_dir: Path) ->
 def test_outside_connection_error_is_a_quiesce_error() -> None:
     err = OutsideConnectionError("sglang", ["192.0.2.7:4222"])
     assert isinstance(err, QuiesceError) and err.engine == "sglang" and "192.0.2.7:4222" in str(err)
+
+
+# --- the launcher around an unmodified engine server (real process tree) ------------------------
+def test_launcher_quiesces_a_server_over_http_and_ends_the_tree_once_the_snapshot_is_complete(
+    control_dir: Path, tmp_path: Path
+) -> None:
+    from tests.support.controlplane import free_port
+
+    port, journal = free_port(), tmp_path / "journal"
+    env = {**os.environ, contract.ENV_CONTROL_DIR: str(control_dir), "PYTHONPATH": f"{REPO}:{REPO / 'python'}"}
+    server = [sys.executable, "-m", "tests.engines.standin_server", str(port), str(journal)]
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "podsnap.workload.engines", "vllm", "--url", f"http://127.0.0.1:{port}", "--", *server],
+        cwd=REPO,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for((control_dir / contract.FILE_READY_FOR_SNAPSHOT).exists, "ready-for-snapshot")
+    assert journal.read_text().splitlines() == ["POST /pause?mode=abort", "POST /release_kv_cache_memory"]
+    (control_dir / contract.FILE_RESTORE_COMPLETE).write_text("1\n")
+    _, err = launcher.communicate(timeout=WAIT_S)
+    assert launcher.returncode == 0, err
+    assert "snapshot complete" in err
+    # the server went with it: its port is free again
+    import socket
+
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is fine, a listener is not
+        s.bind(("127.0.0.1", port))
+        s.listen()
