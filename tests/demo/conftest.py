@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.criu import criu  # noqa: F401
+
 # `import torch` raises inside the worker: the CPU path must never need it
 NO_TORCH = "import sys; sys.modules['torch'] = None; from podsnap.demo import main; sys.exit(main(sys.argv[1:]))"
 SERVING = re.compile(r"serving on http://[^:]+:(\d+) init_id=(\S+) pid=(\d+)")

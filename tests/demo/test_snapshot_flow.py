@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from podsnap import contract
-from podsnap.demo._roundtrip import round_trip
+from podsnap.demo import round_trip
+from podsnap.engine import Criu
 
 from .conftest import start_worker
 
@@ -55,16 +56,8 @@ def test_the_worker_serves_while_offered_and_applies_the_context_when_released(t
 
 @pytest.mark.slow
 def test_a_criu_round_trip_keeps_answer_weights_and_init_id_and_the_sdk_knows_it_was_restored(
-    tmp_path: Path,
+    criu: Criu, tmp_path: Path
 ) -> None:
-    from podsnap.engine import CriuError, find_binary
-
-    if os.geteuid() != 0:
-        pytest.skip("CRIU needs root")
-    try:
-        find_binary()
-    except CriuError as e:
-        pytest.skip(f"CRIU unusable: {str(e).splitlines()[0]}")
     report = round_trip(tmp_path, ["--device", "cpu"], port=free_port())
     assert report["bit_exact"], report
     assert report["same_worker"], report

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from podsnap.cli import build_parser, main
-from podsnap.cli.doctor import all_checks, check_io_uring, check_thp
+from podsnap.cli.doctor import all_checks, check_io_uring, check_openat2, check_thp
 
 
 def test_commands_parse() -> None:
@@ -19,6 +19,65 @@ def test_commands_parse() -> None:
     assert r.skip_compat_check and r.artifact == "/x"
     d = p.parse_args(["demo", "--device", "cuda", "--weights-gib", "8"])
     assert (d.device, d.weights_gib, d.json) == ("cuda", 8.0, "out/demo.json")
+    c = p.parse_args(["capture", "--pid", "5", "--out", "/x", "--control-dir", "/c", "--ready-timeout", "3"])
+    assert (c.control_dir, c.ready_timeout) == ("/c", 3.0)
+    r = p.parse_args(["restore", "/x", "--control-dir", "/c", "--context", "A=1", "--context", "B=x=y"])
+    assert (r.control_dir, r.context) == ("/c", ["A=1", "B=x=y"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--context", "A=1"], "--context needs --control-dir"),
+        (["--control-dir", "/c", "--context", "NOEQUALS"], "--context 'NOEQUALS': expected KEY=VALUE"),
+        (["--control-dir", "/c", "--context", "=1"], "--context '=1': expected KEY=VALUE"),
+        (["--control-dir", "/c", "--context", "1A=1"], "--context '1A=1'"),
+        (["--control-dir", "/c", "--context", "A-B=1"], "--context 'A-B=1'"),
+    ],
+)
+def test_restore_refuses_a_bad_context_before_restoring(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    # the artifact does not exist: a refusal of the context must come first, with exit status 2
+    assert main(["restore", str(tmp_path / "nope"), *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_capture_refuses_a_control_dir_that_does_not_exist(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    rc = main(
+        ["capture", "--pid", str(os.getpid()), "--out", str(tmp_path / "a"), "--control-dir", str(tmp_path / "c")]
+    )
+    assert rc == 1
+    assert "not a directory; pass the worker's SNAPSHOT_CONTROL_DIR" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "status"),
+    [("[always] madvise never", "OK"), ("always [madvise] never", "WARN"), ("always madvise [never]", "WARN")],
+)
+def test_doctor_advises_transparent_huge_pages_with_the_measured_gains(
+    tmp_path: Path, content: str, status: str
+) -> None:
+    setting = tmp_path / "enabled"
+    setting.write_text(content + "\n")
+    check = check_thp(setting)
+    assert check.status == status
+    if status == "WARN":
+        assert f"echo always > {setting}" in check.fix
+        assert "CUDA checkpoint -34%" in check.fix and "CRIU restore -41%" in check.fix
+    assert check_thp(tmp_path / "missing").status == "WARN"
+
+
+def test_doctor_checks_openat2(monkeypatch: pytest.MonkeyPatch) -> None:
+    from podsnap import controldir
+
+    assert check_openat2().status == ("OK" if controldir.openat2_available() else "FAIL")
+    monkeypatch.setattr(controldir, "openat2_available", lambda: False)  # stand-in for a kernel before 5.6
+    check = check_openat2()
+    assert check.status == "FAIL" and "5.6" in check.fix
 
 
 def test_restore_of_a_missing_artifact_fails_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

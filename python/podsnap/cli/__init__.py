@@ -2,7 +2,9 @@
 
 podsnap doctor                         what this host can and cannot do (exit 1 on any FAIL)
 podsnap capture --pid P --out DIR      checkpoint process tree P into artifact DIR (ends P)
+        [--control-dir C]              ... once the worker wrote C/ready-for-snapshot (waits, with progress)
 podsnap restore DIR                    restore it; prints the new PID (--skip-compat-check to override gates)
+        [--control-dir C --context K=V]  ... then hand the worker its context and C/restore-complete
 podsnap inspect DIR [--verify]         an artifact's source, processes, size; digests and gates checked here
 podsnap run -- CMD...                  the standby-aware worker entrypoint (same as podsnap-run)
 podsnap demo                           start the demo worker, capture, restore, compare, print timings
@@ -45,6 +47,18 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--leave-running", action="store_true", help="keep the source running after the dump")
     c.add_argument("--criu", metavar="PATH", help="CRIU binary (default: PODSNAP_CRIU, .tools/bin/criu, PATH)")
     c.add_argument("--json", metavar="PATH", help="write the result (timings, bytes) as JSON")
+    c.add_argument(
+        "--control-dir",
+        metavar="DIR",
+        help="the worker's control dir (its SNAPSHOT_CONTROL_DIR): capture once it wrote ready-for-snapshot there",
+    )
+    c.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="how long to wait for ready-for-snapshot (default 600)",
+    )
 
     r = sub.add_parser("restore", help="restore an artifact directory; prints the new PID")
     r.add_argument("artifact", help="artifact directory written by `podsnap capture`")
@@ -53,6 +67,19 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--tcp", choices=("established", "close"), default="established", help="TCP connections")
     r.add_argument("--criu", metavar="PATH", help="CRIU binary (default: PODSNAP_CRIU, .tools/bin/criu, PATH)")
     r.add_argument("--json", metavar="PATH", help="write the result (pid, timings, bytes) as JSON")
+    r.add_argument(
+        "--control-dir",
+        metavar="DIR",
+        help="the worker's control dir: after the restore, write restore-context.json and restore-complete there "
+        "(with --namespace-pid: a path inside that process's root)",
+    )
+    r.add_argument(
+        "--context",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an environment entry of the restore context (repeatable; needs --control-dir)",
+    )
 
     i = sub.add_parser("inspect", help="show an artifact's manifest summary; --verify checks digests and gates here")
     i.add_argument("artifact", help="artifact directory")
@@ -79,6 +106,15 @@ def _cmd_capture(args: argparse.Namespace) -> int:
     from podsnap.cli.progress import ProgressPrinter
     from podsnap.engine import CaptureOptions, CriuOptions, EngineError, capture
 
+    if args.control_dir is not None:
+        from podsnap.cli.flow import ReadyWaitError, wait_ready
+
+        try:
+            wait_ready(args.control_dir, args.pid, args.ready_timeout)
+        except ReadyWaitError as exc:
+            print(f"podsnap capture: {exc}", file=sys.stderr)
+            return 1
+
     opts = CaptureOptions(
         namespace_pid=args.namespace_pid,
         cuda=args.cuda,
@@ -104,8 +140,15 @@ def _cmd_capture(args: argparse.Namespace) -> int:
 
 
 def _cmd_restore(args: argparse.Namespace) -> int:
+    from podsnap.cli.flow import ContextError, parse_context, signal_restored
     from podsnap.cli.progress import ProgressPrinter
     from podsnap.engine import CompatibilityError, CriuOptions, EngineError, RestoreOptions, restore
+
+    try:
+        context = parse_context(args.context, args.control_dir)
+    except ContextError as exc:
+        print(f"podsnap restore: {exc}", file=sys.stderr)
+        return 2
 
     opts = RestoreOptions(
         namespace_pid=args.namespace_pid,
@@ -123,6 +166,12 @@ def _cmd_restore(args: argparse.Namespace) -> int:
         return 1
     for gate in res.skipped_gates:
         print(f"WARN skipped gate {gate.gate}: expected {gate.expected!r}, found {gate.found!r}", file=sys.stderr)
+    if args.control_dir is not None:
+        try:
+            signal_restored(args.control_dir, context, res.pid, in_namespace=args.namespace_pid is not None)
+        except OSError as exc:
+            print(f"podsnap restore: {exc}", file=sys.stderr)
+            return 1
     out = {
         "pid": res.pid,
         "nsPid": res.ns_pid,
