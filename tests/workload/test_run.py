@@ -201,9 +201,27 @@ def test_as_pid_1_of_a_container_sigterm_reaches_the_worker(tmp_path: Path) -> N
     assert u.wait(timeout=10) == 9
 
 
+def wait_blocked(pid: int, sig: int, timeout: float = 30) -> None:
+    """Until `pid` blocks `sig` or waits for it in sigtimedwait (podsnap-run's first acts): before that, a
+    PID 1 drops the signal unhandled. (Inside sigtimedwait the kernel unblocks the waited signals.)"""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = Path(f"/proc/{pid}/status").read_text()
+        blocked = int(status.split("\nSigBlk:")[1].split()[0], 16)
+        if blocked >> (sig - 1) & 1 or Path(f"/proc/{pid}/wchan").read_text().startswith("do_sigtimedwait"):
+            return
+        assert time.monotonic() < deadline, f"pid {pid} never blocked signal {sig}"
+        time.sleep(0.01)
+
+
 def test_as_pid_1_in_standby_sigterm_ends_the_placeholder() -> None:
     u, pid1 = pid1_run(["--", "false"], {contract.ENV_RESTORE_STANDBY: "1"})
-    time.sleep(0.3)
-    assert u.poll() is None
-    os.kill(pid1, signal.SIGTERM)
-    assert u.wait(timeout=10) == 128 + signal.SIGTERM
+    try:
+        wait_blocked(pid1, signal.SIGTERM)
+        assert u.poll() is None
+        os.kill(pid1, signal.SIGTERM)
+        assert u.wait(timeout=10) == 128 + signal.SIGTERM
+    finally:
+        if u.poll() is None:
+            os.kill(pid1, signal.SIGKILL)
+            u.wait(timeout=10)
