@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from podsnap.engine import proctree
+from podsnap.engine import _proctree as proctree
 
 HERE = Path(__file__).resolve().parent
 TINY_WORKER = HERE / "tiny_worker.py"
@@ -44,7 +44,8 @@ class Worker:
         cmd = f"echo $$ > {pidfile}; exec {sys.executable} {TINY_WORKER} {self.port} {ready} </dev/null >{self.dir}/log 2>&1"
         subprocess.run(["setsid", "-f", "sh", "-c", cmd], check=True)
         deadline = time.monotonic() + 20
-        while not ready.exists():
+        # the worker writes its init id into `ready`: wait for the content, not just the file
+        while not (ready.exists() and ready.read_text()):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"tiny worker did not start: {(self.dir / 'log').read_text()}")
             time.sleep(0.05)
@@ -116,7 +117,7 @@ class Pod:
         r = self.exec("setsid", "-f", "sh", "-c", script)
         assert r.returncode == 0, r.stderr
         deadline = time.monotonic() + 20
-        while not ready.exists():
+        while not (ready.exists() and ready.read_text()):
             if time.monotonic() > deadline:
                 raise TimeoutError("worker in pod did not start")
             time.sleep(0.05)

@@ -19,9 +19,9 @@ from podsnap.engine import (
     Criu,
     RestoreOptions,
     capture,
-    proctree,
     restore,
 )
+from podsnap.engine import _proctree as proctree
 
 from .helpers import Worker, http_get
 
@@ -189,6 +189,7 @@ def test_bad_criu_option_fails_with_the_log_and_leaves_the_source_serving(
     with pytest.raises(CaptureError) as err:
         capture(worker.pid, tmp_path / "snap", opts, criu=criu)
     assert "Could not add external resource" in str(err.value), "CRIU's own words reach the caller"
+    assert "\n" not in str(err.value), "one sentence, no log dump"
     assert err.value.source_alive is True
     assert worker.get()["init_id"] == worker.init_id
     _no_artifact_visible(tmp_path, "snap")
@@ -207,12 +208,18 @@ def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
     subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def test_full_disk_leaves_the_source_serving_and_no_artifact(criu: Criu, worker: Worker, tiny_tmpfs: Path) -> None:
+def test_full_disk_leaves_the_source_serving_and_no_artifact(
+    criu: Criu, worker: Worker, tiny_tmpfs: Path, tmp_path: Path
+) -> None:
     from podsnap.engine import CaptureError
 
     with pytest.raises(CaptureError) as err:
-        capture(worker.pid, tiny_tmpfs / "snap", criu=criu)
-    assert "No space left on device" in str(err.value), "the CRIU log tail says why"
+        capture(worker.pid, tiny_tmpfs / "snap", CaptureOptions(log_dir=tmp_path / "logs"), criu=criu)
+    assert "No space left on device" in str(err.value), "CRIU's first error line says why"
+    assert "\n" not in str(err.value) and len(str(err.value)) < 600, "a sentence, not the log"
+    log = err.value.log_path
+    assert log is not None and log.is_file() and log.is_relative_to(tmp_path / "logs"), "the full log is kept"
+    assert str(log) in str(err.value), "the message says where the log is"
     assert err.value.source_alive is True
     assert worker.get()["init_id"] == worker.init_id
     assert list(tiny_tmpfs.iterdir()) == []

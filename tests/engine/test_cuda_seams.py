@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from podsnap.engine import CaptureError, Criu, CudaError, RestoreError, capture, proctree, restore
+from podsnap.engine import CaptureError, Criu, CudaError, RestoreError, capture, restore
+from podsnap.engine import _proctree as proctree
 
 from .helpers import Worker, http_get
 from .test_capture_restore import _failing_criu

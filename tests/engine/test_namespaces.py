@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from podsnap.engine import CaptureError, CaptureOptions, Criu, RestoreOptions, capture, proctree, restore
+from podsnap.engine import CaptureError, CaptureOptions, Criu, RestoreOptions, capture, restore
+from podsnap.engine import _proctree as proctree
 
 from .helpers import Pod, http_get
 

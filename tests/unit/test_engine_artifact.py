@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from podsnap.engine import ArtifactError, Manifest, ProcInfo, read_manifest, verify
-from podsnap.engine import artifact as art
-from podsnap.engine.host import HostFacts
-from podsnap.engine.manifest import CHUNK_BYTES
+from podsnap.engine import _artifact as art
+from podsnap.engine._host import HostFacts
+from podsnap.engine._manifest import CHUNK_BYTES
 
 
 def _host() -> HostFacts:

@@ -113,8 +113,8 @@ def test_run_delegates_to_podsnap_run() -> None:
 
 def test_inspect_shows_the_source_and_verifies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from podsnap.engine import Manifest, ProcInfo
-    from podsnap.engine import artifact as art
-    from podsnap.engine.host import host_facts
+    from podsnap.engine import _artifact as art
+    from podsnap.engine._host import host_facts
 
     staging = art.Staging(tmp_path / "a")
     (staging.criu_dir / "pages-1.img").write_bytes(b"p" * 10)

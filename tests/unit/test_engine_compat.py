@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from podsnap.engine import CompatibilityError, FileEntry, GpuInfo, HostFacts, Manifest, ProcInfo
-from podsnap.engine.compat import MEMORY_MARGIN_BYTES, check, enforce
-from podsnap.engine.restore import gpu_pairs
+from podsnap.engine._compat import MEMORY_MARGIN_BYTES, check, enforce
+from podsnap.engine._restore import gpu_pairs
 
 H200 = "NVIDIA H200"
 SRC = HostFacts(

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from podsnap.engine import CriuError, CriuOptions, find_binary
-from podsnap.engine.criu import log_tail
-from podsnap.engine.cuda import NoCuda, uuid_bytes
+from podsnap.engine._criu_config import config_text, inherit_line
+from podsnap.engine._criu_runner import log_tail
+from podsnap.engine._cuda import NoCuda, uuid_bytes
 
 
 def test_container_defaults_on_the_host() -> None:
@@ -40,7 +41,7 @@ def test_missing_criu_says_run_make_setup(monkeypatch: pytest.MonkeyPatch, tmp_p
         find_binary()
     monkeypatch.delenv("PODSNAP_CRIU")
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr("podsnap.engine.criu.REPO_ROOT", tmp_path)
+    monkeypatch.setattr("podsnap.engine._criu_binary.REPO_ROOT", tmp_path)
     with pytest.raises(CriuError, match="make setup"):
         find_binary()
 
@@ -79,3 +80,47 @@ def test_gpu_uuid_to_bytes() -> None:
     assert uuid_bytes("GPU-8c1e2a3b-0000-1111-2222-333344445555") == bytes.fromhex("8c1e2a3b000011112222333344445555")
     with pytest.raises(ValueError, match="16 bytes"):
         uuid_bytes("GPU-1234")
+
+
+@pytest.mark.parametrize("bad", ["ghost-limit 64M\naction-script /tmp/evil", "ghost-limit\x0064M", "x\ry", "\x7f"])
+def test_a_control_character_in_an_extra_line_is_refused(bad: str) -> None:
+    with pytest.raises(ValueError, match=r"extra\[0\].*control character"):
+        CriuOptions(extra=(bad,))
+
+
+def test_every_config_line_is_checked_where_the_file_is_written() -> None:
+    assert config_text(["shell-job", "tcp-close"]) == "shell-job\ntcp-close\n"
+    with pytest.raises(ValueError, match="control character"):
+        config_text(["shell-job\naction-script /tmp/evil"])
+
+
+def test_inherit_keys_are_pipe_ids_only() -> None:
+    assert inherit_line(7, "pipe:[123]") == "inherit-fd fd[7]:pipe:[123]"
+    for bad in ("pipe:[1]\naction-script /tmp/evil", "file:[1]", "pipe:[x]", "pipe:[1] extra"):
+        with pytest.raises(ValueError, match="inherit-fd key"):
+            inherit_line(7, bad)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("tcp", "open"), ("manage_cgroups", "bogus"), ("log_level", 9), ("timeout_s", 0), ("extra", "one string")],
+)
+def test_options_outside_their_range_are_refused_naming_the_field(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        CriuOptions(**{field: value})  # type: ignore[arg-type]
+
+
+def test_criu_error_message_is_short_and_keeps_the_log_apart(tmp_path: Path) -> None:
+    from podsnap.engine._criu_runner import failure
+
+    log = tmp_path / "restore.log"
+    log.write_text("\n".join([f"(00.0{i}) noise {i}" for i in range(50)] + ["Error (cr-restore.c:1): boom"]))
+    err = failure("restore", 1, "some output\n", log, None)
+    assert str(err) == f"criu restore exited with 1: Error (cr-restore.c:1): boom (full log: {log})"
+    assert err.log_path == log and "noise 49" in err.log_tail
+    no_log = failure("dump", 1, "Error (config.c:1): bad option\n", tmp_path / "none.log", 42)
+    assert (
+        str(no_log)
+        == "criu dump exited with 1 (namespaces of pid 42): Error (config.c:1): bad option (it wrote no log)"
+    )
+    assert no_log.log_path is None

@@ -6,7 +6,7 @@ from pathlib import Path
 
 
 def test_io_uring_users_are_found_from_their_fd_links(tmp_path: Path) -> None:
-    from podsnap.engine.proctree import io_uring_users
+    from podsnap.engine._proctree import io_uring_users
 
     for pid, target in ((10, "anon_inode:[io_uring]"), (11, "socket:[123]"), (12, "/dev/null")):
         fd = tmp_path / str(pid) / "fd"
@@ -18,7 +18,7 @@ def test_io_uring_users_are_found_from_their_fd_links(tmp_path: Path) -> None:
 def test_tree_of_this_process_starts_with_it() -> None:
     import os
 
-    from podsnap.engine.proctree import exists, proc_info, tree
+    from podsnap.engine._proctree import exists, proc_info, tree
 
     me = os.getpid()
     assert tree(me)[0].pid == me

@@ -8,8 +8,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-from podsnap.engine import proctree
+import pytest
+
+from podsnap.engine import _proctree as proctree
 
 
 def test_capture_records_the_stdio_pipes_of_a_process_and_restore_opens_the_new_ones() -> None:
@@ -39,3 +42,28 @@ def test_capture_records_the_stdio_pipes_of_a_process_and_restore_opens_the_new_
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_manifest_cannot_smuggle_a_criu_option_through_the_recorded_pipes(tmp_path: Path) -> None:
+    """The recorded pipe ids become `inherit-fd` lines of CRIU's config: a newline would add an option."""
+    from podsnap.engine import ArtifactError, Manifest, ProcInfo, RestoreOptions
+    from podsnap.engine._host import HostFacts
+    from podsnap.engine._options import Timer
+    from podsnap.engine._restore import _Run, _stdio_inherit
+    from podsnap.engine._rollback import Rollback
+
+    def run_with(stdio: dict[str, str]) -> _Run:
+        manifest = Manifest(
+            source=HostFacts("h", "x86_64", "6.1", "glibc 2.36", 1, 1),
+            processes=(ProcInfo(pid=9, ns_pid=9, ppid=1, comm="w", cmdline=()),),
+            cuda_pids=(),
+            cuda_gpu_uuids=(),
+            files=(),
+            namespaced=True,
+            extra={proctree.STDIO_KEY: stdio},
+        )
+        return _Run(tmp_path, manifest, RestoreOptions(namespace_pid=os.getpid()), Timer(None), Rollback())
+
+    for bad in ({"1": "pipe:[1]\naction-script /tmp/evil"}, {"7": "pipe:[1]"}, {"1": "socket:[1]"}):
+        with pytest.raises(ArtifactError, match=r"extra\.stdio"):
+            _stdio_inherit(run_with(bad))

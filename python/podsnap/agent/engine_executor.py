@@ -45,7 +45,6 @@ def source_facts(facts: Any) -> dict[str, Any]:
 class EngineExecutor:
     def capture(self, request: CaptureRequest) -> CaptureResult:
         from podsnap import engine
-        from podsnap.engine.manifest import MANIFEST_NAME
 
         request.artifact_dir.parent.mkdir(parents=True, exist_ok=True)
         pod = request.pod
@@ -60,7 +59,7 @@ class EngineExecutor:
             raise ExecutionError(str(exc), reason=c.REASON_CAPTURE_FAILED) from exc
         return CaptureResult(
             size_bytes=result.bytes_total,
-            digest=_sha256(result.artifact / MANIFEST_NAME),
+            digest=_sha256(result.artifact / engine.MANIFEST_NAME),
             source=source_facts(result.manifest.source),
         )
 

@@ -51,21 +51,44 @@ its container's PID 1 (e.g. `podsnap-run` standby without shareProcessNamespace)
 `RestoreResult.pid` is the host PID, `.ns_pid` the namespace PID.
 
 Errors (see `podsnap.engine.errors`): EngineError > CriuError, CudaError, ArtifactError,
-CompatibilityError, CaptureError, RestoreError.
+CompatibilityError, CaptureError, RestoreError. Messages are one or two sentences; when CRIU failed,
+`error.log_path` names its full log (kept under `log_dir`, default the system temp dir) and
+`CriuError.log_tail` carries the last lines for a caller's own log.
 
 Also here: `read_manifest(dir)` and `verify(dir, manifest)` for the agent's status and GC,
-`check_compat(manifest, host_facts())` to report every failing gate, `remove_artifact(dir)`.
+`check_compat(manifest, host_facts())` to report every failing gate, `remove_artifact(dir)`,
+`gpu_facts()` for diagnostics, and the process helpers the CLI and demo need around a round trip:
+`pid_exists(pid)`, `wait_gone(pid)`, `kill_tree(pids)`.
+
+Layout: this facade re-exports from private modules (`_capture`, `_restore`, `_criu_*`, `_proctree`,
+`_artifact`, `_manifest`, ...); code outside the engine imports only from here.
 """
 
 from __future__ import annotations
 
-from podsnap.engine.artifact import read_manifest, verify
-from podsnap.engine.artifact import remove as remove_artifact
-from podsnap.engine.capture import capture
-from podsnap.engine.compat import GateFailure
-from podsnap.engine.compat import check as check_compat
-from podsnap.engine.criu import Criu, CriuBinary, CriuOptions, find_binary
-from podsnap.engine.cuda import CudaCheckpointer, DriverCuda, NoCuda, default_checkpointer
+from podsnap.engine._artifact import read_manifest, verify
+from podsnap.engine._artifact import remove as remove_artifact
+from podsnap.engine._capture import capture
+from podsnap.engine._compat import GateFailure
+from podsnap.engine._compat import check as check_compat
+from podsnap.engine._criu_binary import CriuBinary, find_binary
+from podsnap.engine._criu_config import CriuOptions
+from podsnap.engine._criu_runner import Criu
+from podsnap.engine._cuda import CudaCheckpointer, DriverCuda, NoCuda, default_checkpointer
+from podsnap.engine._host import HostFacts, host_facts
+from podsnap.engine._manifest import MANIFEST_NAME, SCHEMA_VERSION, FileEntry, Manifest
+from podsnap.engine._nvml import GpuFacts, GpuInfo, gpu_facts
+from podsnap.engine._options import (
+    CaptureOptions,
+    CaptureResult,
+    Progress,
+    ProgressFn,
+    RestoreOptions,
+    RestoreResult,
+)
+from podsnap.engine._proctree import ProcInfo, kill_tree, wait_gone
+from podsnap.engine._proctree import exists as pid_exists
+from podsnap.engine._restore import restore
 from podsnap.engine.errors import (
     ArtifactError,
     CaptureError,
@@ -75,21 +98,9 @@ from podsnap.engine.errors import (
     EngineError,
     RestoreError,
 )
-from podsnap.engine.host import HostFacts, host_facts
-from podsnap.engine.manifest import SCHEMA_VERSION, FileEntry, Manifest
-from podsnap.engine.nvml import GpuInfo
-from podsnap.engine.options import (
-    CaptureOptions,
-    CaptureResult,
-    Progress,
-    ProgressFn,
-    RestoreOptions,
-    RestoreResult,
-)
-from podsnap.engine.proctree import ProcInfo
-from podsnap.engine.restore import restore
 
 __all__ = [
+    "MANIFEST_NAME",
     "SCHEMA_VERSION",
     "ArtifactError",
     "CaptureError",
@@ -106,6 +117,7 @@ __all__ = [
     "EngineError",
     "FileEntry",
     "GateFailure",
+    "GpuFacts",
     "GpuInfo",
     "HostFacts",
     "Manifest",
@@ -120,9 +132,13 @@ __all__ = [
     "check_compat",
     "default_checkpointer",
     "find_binary",
+    "gpu_facts",
     "host_facts",
+    "kill_tree",
+    "pid_exists",
     "read_manifest",
     "remove_artifact",
     "restore",
     "verify",
+    "wait_gone",
 ]

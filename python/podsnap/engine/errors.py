@@ -3,7 +3,7 @@
 ::
 
     EngineError                 anything the engine refuses or fails to do
-    ├── CriuError               CRIU exited non-zero or is unusable; carries its log tail
+    ├── CriuError               CRIU exited non-zero or is unusable; names its kept log (`log_path`)
     ├── CudaError               a CUDA driver checkpoint call returned an error (call, pid, error name)
     ├── ArtifactError           an artifact is missing, malformed, tampered or truncated (names the file)
     ├── CompatibilityError      a restore gate refused this host (gate, expected, found); not retryable here
@@ -17,19 +17,30 @@ cause (`__cause__`), so the message says what happened and the cause says why.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class EngineError(Exception):
     """Base of every error the engine raises on purpose."""
 
 
 class CriuError(EngineError):
-    """CRIU failed. `log_tail` holds the last lines of its log (errors first), `returncode` its exit status."""
+    """CRIU failed or is unusable. The message is one sentence: what failed, CRIU's first error line, and
+    where the full log is. `log_path` is that log (kept on disk), `log_tail` its last lines (errors
+    first) for a caller that wants them in its own log, `returncode` CRIU's exit status."""
 
-    def __init__(self, message: str, *, log_tail: str = "", returncode: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        log_tail: str = "",
+        log_path: Path | None = None,
+        returncode: int | None = None,
+    ) -> None:
         self.log_tail = log_tail
+        self.log_path = log_path
         self.returncode = returncode
-        text = message if not log_tail else f"{message}\n--- CRIU log (tail) ---\n{log_tail}"
-        super().__init__(text)
+        super().__init__(message)
 
 
 class CudaError(EngineError):
@@ -64,17 +75,22 @@ class CompatibilityError(EngineError):
 
 
 class CaptureError(EngineError):
-    """The capture workflow failed. `source_alive` says whether the source process still runs."""
+    """The capture workflow failed. `source_alive` says whether the source process still runs;
+    `log_path` names CRIU's kept log when CRIU was the cause."""
 
-    def __init__(self, message: str, *, phase: str, source_alive: bool | None = None) -> None:
+    def __init__(
+        self, message: str, *, phase: str, source_alive: bool | None = None, log_path: Path | None = None
+    ) -> None:
         self.phase = phase
         self.source_alive = source_alive
+        self.log_path = log_path
         super().__init__(f"capture failed during {phase}: {message}")
 
 
 class RestoreError(EngineError):
-    """The restore workflow failed; whatever it had restored was killed."""
+    """The restore workflow failed; whatever it had restored was killed. `log_path`: CRIU's kept log, if any."""
 
-    def __init__(self, message: str, *, phase: str) -> None:
+    def __init__(self, message: str, *, phase: str, log_path: Path | None = None) -> None:
         self.phase = phase
+        self.log_path = log_path
         super().__init__(f"restore failed during {phase}: {message}")

@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from podsnap.engine._host import HostFacts
+from podsnap.engine._manifest import Manifest
 from podsnap.engine.errors import CompatibilityError
-from podsnap.engine.host import HostFacts
-from podsnap.engine.manifest import Manifest
 
 #: headroom for CRIU itself and the page cache it needs while restoring
 MEMORY_MARGIN_BYTES: int = 64 << 20

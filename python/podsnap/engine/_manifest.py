@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from podsnap import __version__
+from podsnap.engine._host import HostFacts
+from podsnap.engine._proctree import ProcInfo
 from podsnap.engine.errors import ArtifactError
-from podsnap.engine.host import HostFacts
-from podsnap.engine.proctree import ProcInfo
 
 SCHEMA: str = "podsnap.io/artifact"
 SCHEMA_VERSION: int = 1

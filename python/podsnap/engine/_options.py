@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from podsnap.engine.compat import GateFailure
-from podsnap.engine.criu import CriuOptions
-from podsnap.engine.cuda import DEFAULT_LOCK_TIMEOUT_MS
-from podsnap.engine.manifest import Manifest
+from podsnap.engine._compat import GateFailure
+from podsnap.engine._criu_config import CriuOptions
+from podsnap.engine._cuda import DEFAULT_LOCK_TIMEOUT_MS
+from podsnap.engine._manifest import Manifest
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,9 @@ class CaptureOptions:
     #: hook run with the staging dir after the dump, before hashing: add files (a rootfs diff, weight
     #: shards) and return manifest `extra` sections describing them; added files are digested like CRIU's
     before_publish: Callable[[Path], Mapping[str, Any]] | None = None
+    #: where CRIU's work dir (config, log) is made; kept when CRIU fails and named in the error
+    #: (default: the system temp dir). On success the dump log goes into the artifact's logs/.
+    log_dir: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -68,8 +71,11 @@ class RestoreOptions:
     gpu_map: Mapping[str, str] | None = None
     #: network namespace file joined when `criu.external_net_ns` is set (e.g. /proc/PID/ns/net)
     net_ns: Path | None = None
-    #: where CRIU's config, log and pidfile go (default: a fresh temp dir, removed on success)
+    #: where CRIU's config, log and pidfile go, kept afterwards (default: a fresh dir under `log_dir`)
     work_dir: Path | None = None
+    #: where CRIU's work dir is made when `work_dir` is None: removed on success, kept when the restore
+    #: fails and named in the error (default: the system temp dir)
+    log_dir: Path | None = None
     criu_binary: Path | None = None
     #: threads hashing the artifact (None: one per core, at most 16)
     hash_workers: int | None = None
@@ -114,6 +120,8 @@ class Timer:
         self.progress = progress
         self._t0 = time.perf_counter()
         self._done: dict[str, int] = {}
+        #: the phase running, or the last one started: where a failure happened
+        self.current = ""
 
     def report(self, phase: str, done: int = 0, total: int = 0, *, finished: bool = False, start: float = 0.0) -> None:
         if self.progress is not None:
@@ -124,6 +132,7 @@ class Timer:
     def phase(self, name: str, total: int = 0) -> Iterator[float]:
         """Time a phase; its last report says `total` bytes done unless `set_done` said otherwise."""
         start = time.perf_counter()
+        self.current = name
         self._done[name] = total
         self.report(name, 0, total, start=start)
         try:

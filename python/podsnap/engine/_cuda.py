@@ -16,8 +16,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from podsnap.engine._nvml import compute_processes
 from podsnap.engine.errors import CudaError
-from podsnap.engine.nvml import compute_processes
 
 DEFAULT_LOCK_TIMEOUT_MS = 30_000
 

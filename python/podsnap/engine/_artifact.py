@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from podsnap.engine._manifest import CHUNK_BYTES, CRIU_DIR, MANIFEST_NAME, FileEntry, Manifest
 from podsnap.engine.errors import ArtifactError
-from podsnap.engine.manifest import CHUNK_BYTES, CRIU_DIR, MANIFEST_NAME, FileEntry, Manifest
 
 _CHUNK = 4 << 20
 #: files CRIU may write into the images dir during a restore, never part of the captured state

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from podsnap.engine.nvml import GpuInfo, gpu_facts
+from podsnap.engine._nvml import GpuInfo, gpu_facts
 
 
 def meminfo() -> dict[str, int]:

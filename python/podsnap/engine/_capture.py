@@ -1,0 +1,265 @@
+"""The capture workflow, as phases sharing one Rollback:
+
+    inspect -> cuda_lock -> cuda_checkpoint -> criu_dump -> reap (or resume the source) ->
+    before_publish -> hash -> publish
+
+Until the dump succeeded, a failure gives the source its CUDA state back so it keeps serving; at any
+point it discards the staging dir. Nothing half-written is ever visible at `out`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from podsnap.engine import _artifact as art
+from podsnap.engine import _criu_runner as runner_mod
+from podsnap.engine import _proctree as proctree
+from podsnap.engine._criu_binary import find_binary
+from podsnap.engine._criu_runner import Criu
+from podsnap.engine._cuda import CudaCheckpointer, default_checkpointer
+from podsnap.engine._host import HostFacts, host_facts
+from podsnap.engine._manifest import Manifest
+from podsnap.engine._options import CaptureOptions, CaptureResult, ProgressFn, Timer
+from podsnap.engine._proctree import STDIO_KEY, ProcInfo
+from podsnap.engine._rollback import Rollback
+from podsnap.engine.errors import CaptureError, EngineError
+
+
+@dataclass(frozen=True)
+class _Source:
+    """What `inspect` found out about the tree to capture."""
+
+    pid: int
+    tree: list[ProcInfo]
+    #: the root's PID as CRIU sees it (inside the pod's PID namespace in namespace mode)
+    criu_pid: int
+    #: the root's stdio pipes, recorded so a restore in a pod can hand over the new container's
+    stdio: dict[str, str]
+    cuda_map: dict[int, list[str]]
+    facts: HostFacts
+    runner: Criu
+    criu_version: str
+
+
+def _dir_bytes(path: Path) -> int:
+    total = 0
+    for p in path.rglob("*"):
+        with contextlib.suppress(OSError):
+            total += p.stat().st_size
+    return total
+
+
+def _refuse(message: str, phase: str = "inspect") -> CaptureError:
+    return CaptureError(message, phase=phase, source_alive=True)
+
+
+def _inspect(pid: int, opts: CaptureOptions, cuda: CudaCheckpointer | None, criu: Criu | None, rb: Rollback) -> _Source:
+    try:
+        tree = proctree.tree(pid)
+    except ProcessLookupError as exc:
+        raise CaptureError(f"no process with pid {pid}", phase="inspect", source_alive=False) from exc
+    try:
+        json.dumps(dict(opts.extra))
+    except (TypeError, ValueError) as exc:
+        raise _refuse(f"options.extra must be JSON-serializable: {exc}") from exc
+    criu_pid, stdio = pid, {}
+    if opts.namespace_pid is not None:
+        if proctree.pid_ns(pid) != proctree.pid_ns(opts.namespace_pid):
+            raise _refuse(f"pid {pid} is not in the PID namespace of namespace_pid {opts.namespace_pid}")
+        if tree[0].ns_pid == 1:
+            raise _refuse(
+                f"pid {pid} is PID 1 of its namespace: that PID is never free in a destination pod; "
+                "run the worker under an init (shareProcessNamespace, or podsnap-run)"
+            )
+        criu_pid = tree[0].ns_pid
+        # the container's stdio are pipes to its runtime's log shim; remember them so a restore can
+        # hand the new container's pipes in their place (else the worker writes into a dead pipe)
+        stdio = proctree.stdio_pipes(pid)
+    uring = proctree.io_uring_users([p.pid for p in tree])
+    if uring:
+        raise _refuse(
+            f"pid(s) {uring} use io_uring, which CRIU cannot checkpoint: keep the worker off io_uring "
+            "(sysctl kernel.io_uring_disabled=2 makes libraries fall back)"
+        )
+    runner = criu or Criu(find_binary(opts.criu_binary))
+    criu_version = runner.version()
+    if opts.cuda != "off" and rb.cuda is None:
+        rb.cuda = cuda or default_checkpointer()
+    cuda_map = rb.cuda.cuda_pids(p.pid for p in tree) if rb.cuda is not None else {}
+    if opts.cuda == "on" and not cuda_map:
+        raise _refuse(f"cuda='on' but no process in the tree of {pid} holds CUDA state")
+    return _Source(
+        pid=pid,
+        tree=tree,
+        criu_pid=criu_pid,
+        stdio=stdio,
+        cuda_map=cuda_map,
+        facts=host_facts(with_gpus=bool(cuda_map)),
+        runner=runner,
+        criu_version=criu_version,
+    )
+
+
+def _checkpoint_cuda(src: _Source, opts: CaptureOptions, timer: Timer, rb: Rollback) -> None:
+    """Lock every CUDA process, then checkpoint it: its GPU memory moves into its host memory."""
+    if not src.cuda_map:
+        return
+    assert rb.cuda is not None
+    with timer.phase("cuda_lock"):
+        for p in src.cuda_map:
+            rb.cuda.lock(p, opts.cuda_lock_timeout_ms)
+            rb.locked.append(p)
+    with timer.phase("cuda_checkpoint"):
+        for p in src.cuda_map:
+            rb.cuda.checkpoint(p)
+            rb.checkpointed.append(p)
+
+
+def _dump(src: _Source, opts: CaptureOptions, staging: art.Staging, timer: Timer, rb: Rollback) -> list[str]:
+    """CRIU dump into the staging dir; its log goes into the artifact's logs/. Returns CRIU's config lines."""
+    estimate = proctree.rss_bytes([p.pid for p in src.tree])  # GPU memory included, once checkpointed
+    with (
+        timer.phase("criu_dump", estimate) as start,
+        runner_mod.work_dir("dump", log_dir=opts.log_dir) as work,
+    ):
+        net_inode = Path(f"/proc/{src.pid}/ns/net").stat().st_ino if opts.criu.external_net_ns else None
+
+        def monitor(_: int) -> None:
+            timer.report("criu_dump", _dir_bytes(staging.criu_dir), estimate, start=start)
+
+        lines = src.runner.dump(
+            src.criu_pid,
+            staging.criu_dir,
+            work,
+            opts.criu,
+            namespace_pid=opts.namespace_pid,
+            leave_running=opts.leave_running,
+            net_ns_inode=net_inode,
+            monitor=monitor,
+        )
+        timer.set_done("criu_dump", _dir_bytes(staging.criu_dir))
+        (staging.path / "logs").mkdir()
+        with contextlib.suppress(OSError):
+            shutil.copyfile(work / "dump.log", staging.path / "logs" / "dump.log")
+    if not opts.leave_running:
+        rb.forget_cuda()  # the source is gone; its CUDA state is in the image now
+    return lines
+
+
+def _settle_source(src: _Source, opts: CaptureOptions, timer: Timer, rb: Rollback) -> None:
+    """Without leave_running: wait until the dead tree is reaped (its PIDs must be free for a restore).
+    With it: give the still-running source its CUDA state back."""
+    if not opts.leave_running:
+        with timer.phase("reap"):
+            for proc in src.tree:
+                proctree.wait_gone(proc.pid, timeout_s=30)
+        return
+    problems = rb.resume_cuda()
+    if problems:
+        raise CaptureError("; ".join(problems), phase="cuda_resume", source_alive=True)
+
+
+def _extra_sections(src: _Source, opts: CaptureOptions, staging: art.Staging, timer: Timer) -> dict[str, Any]:
+    extra = dict(opts.extra)
+    if src.stdio:
+        extra[STDIO_KEY] = src.stdio
+    if opts.before_publish is not None:
+        with timer.phase("before_publish"):
+            try:
+                extra.update(opts.before_publish(staging.path))
+            except Exception as exc:
+                raise CaptureError(f"before_publish hook: {exc}", phase="before_publish", source_alive=False) from exc
+    return extra
+
+
+def _hash(staging: art.Staging, opts: CaptureOptions, timer: Timer) -> tuple[art.FileEntry, ...]:
+    with timer.phase("hash", _dir_bytes(staging.path)) as start:
+        return art.describe_files(
+            staging.path,
+            workers=opts.hash_workers,
+            progress=lambda done, total: timer.report("hash", done, total, start=start),
+        )
+
+
+def _publish(
+    src: _Source,
+    opts: CaptureOptions,
+    staging: art.Staging,
+    timer: Timer,
+    *,
+    files: tuple[art.FileEntry, ...],
+    lines: list[str],
+    extra: dict[str, Any],
+) -> tuple[Manifest, Path]:
+    with timer.phase("publish"):
+        manifest = Manifest(
+            source=src.facts,
+            processes=tuple(src.tree),
+            cuda_pids=tuple(src.cuda_map),
+            cuda_gpu_uuids=tuple(sorted({u for us in src.cuda_map.values() for u in us})),
+            files=files,
+            namespaced=opts.namespace_pid is not None,
+            criu_version=src.criu_version,
+            criu_options=tuple(lines),
+            timings_ms={k: round(v, 3) for k, v in timer.timings.items()},
+            extra=json.loads(json.dumps(extra)),
+            created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        )
+        staging.write_manifest(manifest)
+        return manifest, staging.publish()
+
+
+def capture(
+    pid: int,
+    out: Path | str,
+    options: CaptureOptions | None = None,
+    *,
+    cuda: CudaCheckpointer | None = None,
+    criu: Criu | None = None,
+    progress: ProgressFn | None = None,
+) -> CaptureResult:
+    """Checkpoint the process tree rooted at host PID `pid` into the artifact directory `out`.
+
+    `out` must not exist; it appears only complete (staged next to it, fsynced, renamed). CRIU's dump
+    ends the source (unless `options.leave_running`). If anything fails before the dump succeeded,
+    the source's CUDA state is restored and unlocked so it keeps serving, the staging dir is removed,
+    and CaptureError is raised with the cause chained.
+    """
+    opts = options or CaptureOptions()
+    timer = Timer(progress)
+    rb = Rollback(cuda if opts.cuda != "off" else None)
+    try:
+        with timer.phase("inspect"):
+            src = _inspect(pid, opts, cuda, criu, rb)
+            staging = rb.staging = art.Staging(Path(out))
+        _checkpoint_cuda(src, opts, timer, rb)
+        lines = _dump(src, opts, staging, timer, rb)
+        _settle_source(src, opts, timer, rb)
+        extra = _extra_sections(src, opts, staging, timer)
+        files = _hash(staging, opts, timer)
+        manifest, published = _publish(src, opts, staging, timer, files=files, lines=lines, extra=extra)
+        rb.staging = None
+        return CaptureResult(
+            artifact=published,
+            manifest=manifest,
+            timings_ms=timer.finish(),
+            bytes_total=manifest.total_bytes,
+            bytes_memory=manifest.memory_bytes,
+            cuda_pids=tuple(src.cuda_map),
+        )
+    except BaseException as exc:
+        problems = rb.undo()
+        if isinstance(exc, CaptureError) or not isinstance(exc, EngineError | OSError):
+            raise
+        alive = proctree.is_alive(pid)
+        note = f" (CUDA rollback problems: {'; '.join(problems)})" if problems else ""
+        source = "the source keeps running" if alive else "the source is gone"
+        raise CaptureError(
+            f"{exc}{note}; {source}", phase=timer.current, source_alive=alive, log_path=getattr(exc, "log_path", None)
+        ) from exc

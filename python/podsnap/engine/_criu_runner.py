@@ -1,0 +1,365 @@
+"""Running CRIU (>= 4): a config file per run, on the host or inside a target's namespaces, and its log.
+
+Namespace mode (`namespace_pid`): CRIU runs as `nsenter -t PID -m -u -i -n -p -- CRIU ...`, so it
+sees the target's mounts, PID namespace and network exactly as the workload does: the dump needs no
+external mounts, and a restore lands in the destination's PID namespace (re-parented to its PID 1)
+with the same namespace PIDs. CRIU itself, its libraries, the images and the work dir are NOT made
+visible in the target's mount namespace: they are opened here as O_PATH directory descriptors that
+the nsenter child inherits, and CRIU is pointed at `/proc/self/fd/N/...`. Nothing is mounted, so
+the workload can never see them. CRIU still runs with the destination's dynamic loader and libc, so
+the container's glibc must be at least the one CRIU was built against (2.36 for `make setup`'s build).
+Running it through this host's loader instead (`ld.so --library-path ... criu`) was tried and fails
+at restore: /proc/self/exe is then ld.so, which the restored process maps too, and the restorer's
+PR_SET_MM_MAP gets EBUSY. A static CRIU build would lift the glibc requirement.
+
+Logs: each run writes `<action>.log` into its work dir, which the caller chooses (and keeps when the
+run fails). A failure raises CriuError whose message is one sentence (exit status, CRIU's first
+error line, where the full log is); the log's tail travels in `CriuError.log_tail`, never in the text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from podsnap.engine import _proctree as proctree
+from podsnap.engine._criu_binary import CriuBinary, collect_namespace_libs, find_binary, read_version
+from podsnap.engine._criu_config import CriuOptions, config_text
+from podsnap.engine.errors import CriuError
+
+LOG_TAIL_LINES = 30
+#: what of CRIU's stdout/stderr or an error line reaches a message
+_CAUSE_CHARS = 300
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """Error lines first (they say why), then the last `lines` lines (they say where)."""
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError as exc:
+        return f"(no CRIU log at {path}: {exc})"
+    errors = [ln for ln in text if "Error" in ln][-10:]
+    tail = text[-lines:]
+    picked = [*errors, "...", *tail] if errors and errors[-1] not in tail else tail
+    return "\n".join(picked)
+
+
+# CRIU warns about these on every restore in a container; they never say why a run failed
+_HARMLESS = ("RLIMIT_NOFILE",)
+
+
+def first_error(path: Path) -> str | None:
+    """CRIU's first error line in the log at `path` (the root cause; later ones are consequences)."""
+    with contextlib.suppress(OSError):
+        for line in path.read_text(errors="replace").splitlines():
+            if "Error" in line and not any(h in line for h in _HARMLESS):
+                return line.strip()[:_CAUSE_CHARS]
+    return None
+
+
+@contextlib.contextmanager
+def work_dir(action: str, *, explicit: Path | None = None, log_dir: Path | None = None) -> Iterator[Path]:
+    """CRIU's work dir for one run (config, log, pidfile): `explicit` as given (kept), else a fresh dir
+    under `log_dir` (default: the system temp dir), removed when the block succeeds and kept when it
+    raises, so the log an error names is still there."""
+    if explicit is not None:
+        explicit.mkdir(parents=True, exist_ok=True)
+        yield explicit
+        return
+    parent = log_dir or Path(tempfile.gettempdir())
+    parent.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=f"podsnap-{action}-", dir=parent))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class _View:
+    """How the CRIU process sees its binary, images, work dir and libraries, and the fds it must inherit."""
+
+    exe: str
+    images: str
+    work: str
+    lib: str | None
+    prefix: tuple[str, ...] = ()
+    fds: tuple[int, ...] = ()
+
+
+@contextlib.contextmanager
+def _view(
+    binary: CriuBinary, images_dir: Path, work_dir: Path, ns_libs: Path | None, namespace_pid: int | None
+) -> Iterator[_View]:
+    """On the host: plain paths. In namespace mode: O_PATH directory fds the nsenter child inherits, seen
+    as `/proc/self/fd/N/...` (nothing is mounted where the workload could see it); closed afterwards."""
+    if namespace_pid is None:
+        yield _View(str(binary.exe), str(images_dir), str(work_dir), None)
+        return
+    if not binary.is_elf:
+        raise CriuError(f"{binary.exe} is a wrapper script: namespace mode needs the CRIU ELF")
+    dirs = [binary.exe.parent, images_dir, work_dir, *([ns_libs] if ns_libs is not None else [])]
+    fds: list[int] = []
+    try:
+        for d in dirs:
+            fds.append(os.open(d, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+        yield _View(
+            exe=f"/proc/self/fd/{fds[0]}/{binary.exe.name}",
+            images=f"/proc/self/fd/{fds[1]}",
+            work=f"/proc/self/fd/{fds[2]}",
+            lib=f"/proc/self/fd/{fds[3]}" if ns_libs is not None else None,
+            prefix=("nsenter", "-t", str(namespace_pid), "-m", "-u", "-i", "-n", "-p", "--"),
+            fds=tuple(fds),
+        )
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _join_cgroups_of(pid: int) -> Callable[[], None]:
+    """A preexec function moving the child into every cgroup of `pid` (v1 and v2), best effort."""
+    targets = proctree.cgroup_procs_files(pid)
+
+    def join() -> None:
+        me = str(os.getpid()).encode()
+        for procs in targets:
+            with contextlib.suppress(OSError):
+                fd = os.open(procs, os.O_WRONLY)
+                try:
+                    os.write(fd, me)
+                finally:
+                    os.close(fd)
+
+    return join
+
+
+def failure(action: str, returncode: int, output: str, log: Path, namespace_pid: int | None) -> CriuError:
+    """The CriuError of a failed run: exit status, CRIU's first error line, where the full log is."""
+    where = f" (namespaces of pid {namespace_pid})" if namespace_pid else ""
+    said = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    cause = first_error(log) or (said[-1][:_CAUSE_CHARS] if said else "no error line in its log")
+    glibc = [ln for ln in said if "GLIBC_" in ln]
+    if glibc and namespace_pid is not None:
+        cause = (
+            f"{glibc[0][:200]}: the container's glibc is older than the one CRIU was built against "
+            "(use a CRIU built statically or against an older glibc)"
+        )
+    kept = log.is_file()
+    return CriuError(
+        f"criu {action} exited with {returncode}{where}: {cause} "
+        + (f"(full log: {log})" if kept else "(it wrote no log)"),
+        log_tail=log_tail(log) if kept else "\n".join(said[-LOG_TAIL_LINES:]),
+        log_path=log if kept else None,
+        returncode=returncode,
+    )
+
+
+def _wait(
+    proc: subprocess.Popen[bytes],
+    action: str,
+    timeout_s: float,
+    monitor: Callable[[int], None] | None,
+    log: Path,
+) -> str:
+    chunks: list[bytes] = []
+    assert proc.stdout is not None
+    stdout = proc.stdout
+    reader = threading.Thread(target=lambda: chunks.append(stdout.read()), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while proc.poll() is None:
+            if time.monotonic() > deadline:
+                raise CriuError(
+                    f"criu {action} did not finish within {timeout_s:.0f} s: killed it (full log: {log})",
+                    log_tail=log_tail(log),
+                    log_path=log,
+                )
+            if monitor is not None:
+                monitor(proc.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=0.25)
+    except BaseException:
+        # a timeout, or the caller's monitor/progress raised: CRIU must not outlive this call
+        proc.kill()
+        proc.wait()
+        raise
+    reader.join(timeout=5)
+    return b"".join(chunks).decode(errors="replace")
+
+
+class Criu:
+    """One CRIU installation. Every failure raises CriuError (short message; log tail and path attached)."""
+
+    def __init__(self, binary: CriuBinary | None = None) -> None:
+        self.binary = binary or find_binary()
+        self._version: str | None = None
+        self._ns_libs: Path | None = None
+
+    def version(self) -> str:
+        """CRIU's version ("4.2.1"); raise CriuError when older than 4 or not runnable."""
+        if self._version is None:
+            self._version = read_version(self.binary)
+        return self._version
+
+    def namespace_lib_dir(self) -> Path | None:
+        """A directory with every library CRIU needs beyond glibc, to reach it inside a container.
+
+        The bundle's `lib/` when there is one; otherwise the libraries `ldd` resolves here, copied once
+        into a private cache dir.
+        """
+        if self.binary.lib_dir is not None:
+            return self.binary.lib_dir
+        if self._ns_libs is None:
+            self._ns_libs = collect_namespace_libs(self.binary)
+        return self._ns_libs
+
+    def check(self) -> tuple[bool, str]:
+        """`criu check`: (passed, its output)."""
+        out = subprocess.run(
+            [str(self.binary.exe), "check"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=self.binary.env(),
+        )
+        text = (out.stdout + out.stderr).strip()
+        return out.returncode == 0 and "Looks good" in text, text
+
+    def _run(
+        self,
+        action: str,
+        lines: list[str],
+        args: list[str],
+        images_dir: Path,
+        work_dir: Path,
+        *,
+        namespace_pid: int | None,
+        join_cgroups: bool,
+        pass_fds: tuple[int, ...],
+        timeout_s: float,
+        log_level: int,
+        monitor: Callable[[int], None] | None,
+    ) -> None:
+        self.version()
+        work_dir.mkdir(parents=True, exist_ok=True)
+        conf = work_dir / f"{action}.conf"
+        conf.write_text(config_text(lines))
+        log = work_dir / f"{action}.log"
+        with contextlib.suppress(FileNotFoundError):
+            log.unlink()
+        ns_libs = self.namespace_lib_dir() if namespace_pid is not None else None
+        with _view(self.binary, images_dir, work_dir, ns_libs, namespace_pid) as v:
+            cmd = [*v.prefix, v.exe, action, "--no-default-config", "--config", f"{v.work}/{conf.name}"]
+            cmd += ["-D", v.images, "-W", v.work, "-o", log.name, f"-v{int(log_level)}", *args]
+            preexec = _join_cgroups_of(namespace_pid) if (namespace_pid is not None and join_cgroups) else None
+            try:
+                proc = subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    env=self.binary.env(v.lib),
+                    pass_fds=(*v.fds, *pass_fds),
+                    preexec_fn=preexec,  # noqa: PLW1509 - only writes our pid to cgroup.procs before exec
+                )
+            except OSError as exc:
+                raise CriuError(f"cannot start criu {action}: {exc}") from exc
+            output = _wait(proc, action, timeout_s, monitor, log)
+        if proc.returncode != 0:
+            raise failure(action, proc.returncode, output, log, namespace_pid)
+
+    def dump(
+        self,
+        pid: int,
+        images_dir: Path,
+        work_dir: Path,
+        options: CriuOptions,
+        *,
+        namespace_pid: int | None = None,
+        leave_running: bool = False,
+        net_ns_inode: int | None = None,
+        monitor: Callable[[int], None] | None = None,
+    ) -> list[str]:
+        """Dump the tree rooted at `pid` (a PID as seen inside `namespace_pid`'s namespace when given).
+
+        Returns the config lines used (they go into the manifest). Without `leave_running` the tree is
+        killed by CRIU once the dump succeeded; on failure CRIU resumes it.
+        """
+        lines = options.dump_lines(namespace_pid is not None, net_ns_inode=net_ns_inode, leave_running=leave_running)
+        self._run(
+            "dump",
+            lines,
+            ["-t", str(pid)],
+            images_dir,
+            work_dir,
+            namespace_pid=namespace_pid,
+            join_cgroups=False,
+            pass_fds=(),
+            timeout_s=options.timeout_s,
+            log_level=options.log_level,
+            monitor=monitor,
+        )
+        return lines
+
+    def restore(
+        self,
+        images_dir: Path,
+        work_dir: Path,
+        options: CriuOptions,
+        *,
+        namespace_pid: int | None = None,
+        join_cgroups: bool = True,
+        net_ns: Path | None = None,
+        inherit: Mapping[int, str] | None = None,
+        leave_stopped: bool = False,
+        monitor: Callable[[int], None] | None = None,
+    ) -> int:
+        """Restore detached (`-d`); return the root's PID as CRIU saw it (from its pidfile).
+
+        In namespace mode that PID is inside `namespace_pid`'s PID namespace: map it with
+        `proctree.host_pid_in_ns`. The restored tree is re-parented (to init, or the pod's PID 1).
+        `inherit` maps an open fd of ours to a file id of the image (`pipe:[123]`): CRIU hands that fd to
+        the restored tree in place of the file, which is how a worker keeps writing to its (new) pod's logs.
+        `leave_stopped`: every restored task is left stopped (SIGSTOP), for its caller to fill and resume.
+        """
+        pidfile = work_dir / "restore.pid"
+        with contextlib.suppress(FileNotFoundError):
+            pidfile.unlink()
+        net_fd = os.open(net_ns, os.O_RDONLY | os.O_CLOEXEC) if (options.external_net_ns and net_ns) else None
+        try:
+            lines = options.restore_lines(
+                namespace_pid is not None, net_ns_fd=net_fd, inherit=inherit, leave_stopped=leave_stopped
+            )
+            self._run(
+                "restore",
+                lines,
+                ["-d", "--pidfile", pidfile.name],
+                images_dir,
+                work_dir,
+                namespace_pid=namespace_pid,
+                join_cgroups=join_cgroups,
+                pass_fds=((net_fd,) if net_fd is not None else ()) + tuple(sorted(inherit or {})),
+                timeout_s=options.timeout_s,
+                log_level=options.log_level,
+                monitor=monitor,
+            )
+        finally:
+            if net_fd is not None:
+                os.close(net_fd)
+        try:
+            return int(pidfile.read_text().strip())
+        except (OSError, ValueError) as exc:
+            log = work_dir / "restore.log"
+            raise CriuError(
+                f"criu restore succeeded but left no usable pidfile at {pidfile}: {exc} (full log: {log})",
+                log_tail=log_tail(log),
+                log_path=log,
+            ) from exc
