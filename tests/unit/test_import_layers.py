@@ -42,10 +42,14 @@ def test_the_code_keeps_every_layer() -> None:
     [
         ("agent/on_pod.py", "from podsnap.operator import policy", "The agent does not import the operator"),
         ("operator/policy.py", "from podsnap import engine", "The operator imports neither the engine nor the agent"),
-        ("engine/host.py", "import kubernetes", "The engine imports no Kubernetes and nothing above it"),
+        ("engine/_host.py", "import kubernetes", "The engine imports no Kubernetes and nothing above it"),
         ("workload/_identity.py", "import kopf", "The workload SDK imports nothing Kubernetes"),
         ("kube/events.py", "from podsnap.agent import executor", "The Kubernetes layer imports neither process"),
-        ("agent/executor.py", "from podsnap.engine.criu import Criu", "only its facade podsnap.engine is imported"),
+        (
+            "agent/executor.py",
+            "from podsnap.engine._criu_runner import Criu",
+            "only its facade podsnap.engine is imported",
+        ),
     ],
 )
 def test_a_planted_violation_fails_the_check(tmp_path: Path, module: str, planted: str, contract: str) -> None:
