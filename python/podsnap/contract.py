@@ -150,41 +150,57 @@ STARTUP_POLICY_WAIT: Final = "WaitForCheckpoint"
 DELETION_POLICY_DELETE: Final = "Delete"
 DELETION_POLICY_RETAIN: Final = "Retain"
 
-#: env of the node agent: the node it serves (downward API spec.nodeName)
-ENV_NODE_NAME: Final = "NODE_NAME"
-
-
 # --- deployment: what the chart passes to the operator and the agent ------------------------
 #: where the agent container mounts the artifact PVC (only the agent mounts it)
 ARTIFACT_ROOT_DEFAULT: Final = "/var/lib/podsnap/artifacts"
 #: where the operator container finds the webhook serving certificate (tls.crt, tls.key, ca.crt)
 WEBHOOK_CERT_DIR_DEFAULT: Final = "/etc/podsnap/webhook-tls"
+#: where the agent container mounts the host's cgroup filesystem (its own /sys/fs/cgroup is its container's)
+CGROUP_ROOT_IN_AGENT: Final = "/host/sys/fs/cgroup"
+#: the chart's key for each path it mounts into a container -> the path
+CHART_PATHS: Final[dict[str, str]] = {
+    "artifactRoot": ARTIFACT_ROOT_DEFAULT,
+    "webhookCertDir": WEBHOOK_CERT_DIR_DEFAULT,
+    "cgroupRoot": CGROUP_ROOT_IN_AGENT,
+}
 #: namespaces labelled `podsnap.io/webhook: disabled` are never sent to the pod webhook
 LABEL_WEBHOOK: Final = f"{GROUP}/webhook"
 LABEL_WEBHOOK_DISABLED_VALUE: Final = "disabled"
 
-# Operator and agent
-ENV_NAMESPACE: Final = "PODSNAP_NAMESPACE"  # the release namespace (fieldRef metadata.namespace)
-ENV_POD_NAME: Final = "PODSNAP_POD_NAME"  # the pod's own name (fieldRef metadata.name)
+# Environment of the operator and the agent. The chart takes these names from here: its helper template
+# `templates/_env.tpl` is generated from CHART_ENV by `hack/chart_env.py` (a test checks for drift),
+# and every variable the chart passes changes what the process does (tests/operator/test_config.py).
+ENV_NODE_NAME: Final = "NODE_NAME"  # the agent's node (downward API spec.nodeName)
 ENV_LOG_LEVEL: Final = "PODSNAP_LOG_LEVEL"  # debug | info | warning | error
 ENV_METRICS_PORT: Final = "PODSNAP_METRICS_PORT"  # "0": metrics off
 ENV_HEALTH_PORT: Final = "PODSNAP_HEALTH_PORT"  # serves /healthz (liveness and readiness probes)
-ENV_SECCOMP_PROFILE: Final = "PODSNAP_SECCOMP_PROFILE"  # localhostProfile for capture pods; "" = none
-# Operator only
-ENV_WEBHOOK_PORT: Final = "PODSNAP_WEBHOOK_PORT"
-ENV_WEBHOOK_PATH: Final = "PODSNAP_WEBHOOK_PATH"
-ENV_WEBHOOK_CERT_DIR: Final = "PODSNAP_WEBHOOK_CERT_DIR"
-ENV_WEBHOOK_CONFIGURATION: Final = "PODSNAP_WEBHOOK_CONFIGURATION"  # MutatingWebhookConfiguration name
-ENV_WEBHOOK_SERVICE: Final = "PODSNAP_WEBHOOK_SERVICE"
-ENV_ARTIFACT_CLAIM: Final = "PODSNAP_ARTIFACT_CLAIM"  # the artifact PVC's name (release namespace)
-#: "auto" (pod scheduling gates where the server has them), "on", "off" (hold replicas at zero)
+ENV_SECCOMP_PROFILE: Final = "PODSNAP_SECCOMP_PROFILE"  # localhostProfile of capture pods; "" = none
+ENV_WEBHOOK_PORT: Final = "PODSNAP_WEBHOOK_PORT"  # "0": webhook off (new pods start cold)
+ENV_WEBHOOK_PATH: Final = "PODSNAP_WEBHOOK_PATH"  # the path the webhook configuration calls
+ENV_WEBHOOK_CERT_DIR: Final = "PODSNAP_WEBHOOK_CERT_DIR"  # tls.crt and tls.key of the webhook server
+ENV_ARTIFACT_ROOT: Final = "PODSNAP_ARTIFACT_ROOT"  # where the agent mounts the artifact volume
+ENV_CGROUP_ROOT: Final = "PODSNAP_CGROUP_ROOT"  # the host's /sys/fs/cgroup as mounted in the agent
+#: not passed by the chart (set it through operator.extraEnv): "auto" (pod scheduling gates where the
+#: server has them), "on", "off" (hold replicas at zero)
 ENV_SCHEDULING_GATES: Final = "PODSNAP_SCHEDULING_GATES"
-# Agent only
-ENV_ARTIFACT_ROOT: Final = "PODSNAP_ARTIFACT_ROOT"
-ENV_RUNTIME_TYPE: Final = "PODSNAP_RUNTIME_TYPE"  # containerd | cri-o
-ENV_RUNTIME_SOCKET: Final = "PODSNAP_RUNTIME_SOCKET"  # CRI socket, same path as on the host
-ENV_RUNTIME_ROOT: Final = "PODSNAP_RUNTIME_ROOT"  # runtime state dir, same path as on the host
-ENV_HOST_RUN_DIR: Final = "PODSNAP_HOST_RUN_DIR"  # the host's /run (netns, runtime state)
-ENV_CGROUP_ROOT: Final = "PODSNAP_CGROUP_ROOT"  # the host's /sys/fs/cgroup
-ENV_KUBELET_PODS_DIR: Final = "PODSNAP_KUBELET_PODS_DIR"  # the kubelet's pods dir, same path as on the host
-ENV_SECCOMP_DIR: Final = "PODSNAP_SECCOMP_DIR"  # the kubelet's seccomp dir (the profile is installed here)
+
+COMPONENT_OPERATOR: Final = "operator"
+COMPONENT_AGENT: Final = "agent"
+#: the chart's key for each variable it passes -> (name, components it passes it to)
+CHART_ENV: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
+    "nodeName": (ENV_NODE_NAME, (COMPONENT_AGENT,)),
+    "logLevel": (ENV_LOG_LEVEL, (COMPONENT_OPERATOR, COMPONENT_AGENT)),
+    "metricsPort": (ENV_METRICS_PORT, (COMPONENT_OPERATOR, COMPONENT_AGENT)),
+    "healthPort": (ENV_HEALTH_PORT, (COMPONENT_OPERATOR, COMPONENT_AGENT)),
+    "seccompProfile": (ENV_SECCOMP_PROFILE, (COMPONENT_OPERATOR,)),
+    "webhookPort": (ENV_WEBHOOK_PORT, (COMPONENT_OPERATOR,)),
+    "webhookPath": (ENV_WEBHOOK_PATH, (COMPONENT_OPERATOR,)),
+    "webhookCertDir": (ENV_WEBHOOK_CERT_DIR, (COMPONENT_OPERATOR,)),
+    "artifactRoot": (ENV_ARTIFACT_ROOT, (COMPONENT_AGENT,)),
+    "cgroupRoot": (ENV_CGROUP_ROOT, (COMPONENT_AGENT,)),
+}
+
+
+def chart_env(component: str) -> dict[str, str]:
+    """The variables the chart passes to `component`: name -> the chart's key."""
+    return {name: key for key, (name, components) in CHART_ENV.items() if component in components}

@@ -83,13 +83,12 @@ def test_local_cluster_overlay_fits_the_local_cluster(built: dict[str, Docs]) ->
     op = container(find(docs, "Deployment", "podsnap-operator"), "operator")
     assert op["image"] == "localhost/podsnap-operator:dev" and op["imagePullPolicy"] == "Never"
     paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-    assert paths["kubelet-pods"] == "/var/lib/podsnap-cluster/kubelet/pods"
-    assert paths["seccomp-dir"] == "/var/lib/podsnap-cluster/kubelet/seccomp"
-    assert paths["runtime-root"] == "/var/lib/podsnap-cluster/containerd"
+    assert paths == {
+        "seccomp-dir": "/var/lib/podsnap-cluster/kubelet/seccomp",
+        "cgroup": "/sys/fs/cgroup",
+    }
     agent = container(ds, "agent")
-    mounts = {m["mountPath"] for m in agent["volumeMounts"]}
-    assert "/var/lib/containerd" not in mounts and "/var/lib/podsnap-cluster/containerd" in mounts
-    assert env_of(agent)[contract.ENV_RUNTIME_ROOT] == "/var/lib/podsnap-cluster/containerd"
+    assert env_of(agent)[contract.ENV_CGROUP_ROOT] == contract.CGROUP_ROOT_IN_AGENT
     pvc = find(docs, "PersistentVolumeClaim")
     assert pvc["spec"]["storageClassName"] == "podsnap-local"
 

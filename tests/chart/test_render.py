@@ -164,12 +164,9 @@ def test_operator_is_unprivileged_with_probes_and_ports(default_docs: Docs) -> N
     mounts = {m["mountPath"]: m["name"] for m in op["volumeMounts"]}
     assert mounts == {"/tmp": "tmp", contract.WEBHOOK_CERT_DIR_DEFAULT: "webhook-tls"}
     env = env_of(op)
-    assert env[contract.ENV_NAMESPACE] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     assert env[contract.ENV_WEBHOOK_CERT_DIR] == contract.WEBHOOK_CERT_DIR_DEFAULT
     assert env[contract.ENV_WEBHOOK_PORT] == "9443" and env[contract.ENV_WEBHOOK_PATH] == "/mutate-pods"
     assert env[contract.ENV_SECCOMP_PROFILE] == "podsnap/block-io-uring.json"
-    assert env[contract.ENV_ARTIFACT_CLAIM] == "podsnap-artifacts"
-    assert env[contract.ENV_WEBHOOK_CONFIGURATION] == "podsnap-webhook"
 
 
 def test_agent_is_privileged_host_pid_on_gpu_nodes(default_docs: Docs) -> None:
@@ -186,25 +183,15 @@ def test_agent_is_privileged_host_pid_on_gpu_nodes(default_docs: Docs) -> None:
     env = env_of(agent)
     assert env[contract.ENV_NODE_NAME] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env[contract.ENV_ARTIFACT_ROOT] == contract.ARTIFACT_ROOT_DEFAULT
-    assert env[contract.ENV_RUNTIME_SOCKET] == "/run/containerd/containerd.sock"
-    assert env[contract.ENV_RUNTIME_TYPE] == "containerd"
+    assert env[contract.ENV_CGROUP_ROOT] == contract.CGROUP_ROOT_IN_AGENT
     volumes = {v["name"]: v for v in spec["volumes"]}
     mounts = {m["name"]: m["mountPath"] for m in agent["volumeMounts"]}
     assert mounts["artifacts"] == contract.ARTIFACT_ROOT_DEFAULT
     assert volumes["artifacts"]["persistentVolumeClaim"] == {"claimName": "podsnap-artifacts"}
-    host_paths = {v["hostPath"]["path"]: mounts[n] for n, v in volumes.items() if "hostPath" in v}
-    assert host_paths == {
-        "/run/containerd/containerd.sock": "/run/containerd/containerd.sock",
-        "/var/lib/containerd": "/var/lib/containerd",
-        "/run": "/host/run",
-        "/sys/fs/cgroup": "/host/sys/fs/cgroup",
-        "/var/lib/kubelet/pods": "/host/kubelet/pods",
-        "/var/lib/kubelet/seccomp": "/host/kubelet/seccomp",
-    }
-    for name, path in mounts.items():
-        if path.startswith("/host/") or name == "runtime-root":
-            env_values = set(map(str, env.values()))
-            assert any(v == path for v in env_values), f"mount {path} not passed to the agent in its env"
+    # the agent container mounts only what it uses: the claim and the host's cgroups (the seccomp dir is
+    # the init container's)
+    host_paths = {v["hostPath"]["path"]: mounts.get(n) for n, v in volumes.items() if "hostPath" in v}
+    assert host_paths == {"/sys/fs/cgroup": contract.CGROUP_ROOT_IN_AGENT, "/var/lib/kubelet/seccomp": None}
 
 
 def test_only_the_agent_mounts_the_artifact_claim(matrix: dict[str, Docs]) -> None:
@@ -229,25 +216,27 @@ def test_env_names_passed_to_the_components_are_contract_names(matrix: dict[str,
                     assert set(env_of(c)) - known - extra == set(), f"{name}: {c['name']} env not in contract.py"
 
 
-def test_runtime_socket_and_root_follow_runtime_type(matrix: dict[str, Docs]) -> None:
-    ds = find(matrix["cri-o"], "DaemonSet", "podsnap-agent")
-    env = env_of(container(ds, "agent"))
-    assert env[contract.ENV_RUNTIME_TYPE] == "cri-o"
-    assert env[contract.ENV_RUNTIME_SOCKET] == "/var/run/crio/crio.sock"
-    assert env[contract.ENV_RUNTIME_ROOT] == "/var/lib/containers/storage"
-    spec = ds["spec"]["template"]["spec"]
+def test_cri_o_scenario_sets_runtime_class_and_kubelet_dir(matrix: dict[str, Docs]) -> None:
+    spec = find(matrix["cri-o"], "DaemonSet", "podsnap-agent")["spec"]["template"]["spec"]
     assert spec["runtimeClassName"] == "nvidia"
     paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-    assert paths["runtime-socket"] == "/var/run/crio/crio.sock"
-    assert paths["kubelet-pods"] == "/var/data/kubelet/pods" and paths["seccomp-dir"] == "/var/data/kubelet/seccomp"
+    assert paths["seccomp-dir"] == "/var/data/kubelet/seccomp"
 
 
-def test_custom_socket_path_is_mounted_and_passed(helm_template: Any) -> None:
-    docs = helm_template("--set", "runtime.socketPath=/custom/containerd.sock")
-    ds = find(docs, "DaemonSet", "podsnap-agent")
-    assert env_of(container(ds, "agent"))[contract.ENV_RUNTIME_SOCKET] == "/custom/containerd.sock"
-    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
-    assert volumes["runtime-socket"]["hostPath"] == {"path": "/custom/containerd.sock", "type": "Socket"}
+def test_deprecated_runtime_values_are_accepted_ignored_and_warned_about(helm: str) -> None:
+    """Releases that set runtime.* still upgrade (--reuse-values feeds them back); the values change nothing."""
+    import yaml
+
+    def workloads(*args: str) -> list[Any]:
+        out = run([helm, "template", "podsnap", str(CHART), "-n", NAMESPACE, *args]).stdout
+        return [d for d in yaml.safe_load_all(out) if d and d["kind"] in ("Deployment", "DaemonSet")]
+
+    base = workloads()
+    assert workloads("--set", "runtime.type=cri-o", "--set", "runtime.rootDir=/var/lib/containers/storage") == base
+    notes = run(
+        [helm, "install", "podsnap", str(CHART), "--dry-run=client", "-n", NAMESPACE, "--set", "runtime.type=cri-o"]
+    ).stdout.split("NOTES:", 1)[1]
+    assert "runtime.* is ignored" in notes
 
 
 def test_seccomp_profile_blocks_io_uring_and_is_installed_by_the_agent(
@@ -263,7 +252,8 @@ def test_seccomp_profile_blocks_io_uring_and_is_installed_by_the_agent(
     assert "/host/kubelet/seccomp/podsnap/block-io-uring.json" in init["command"][-1]
     minimal = find(matrix["minimal"], "DaemonSet", "podsnap-agent")
     assert "initContainers" not in minimal["spec"]["template"]["spec"]
-    assert env_of(container(minimal, "agent"))[contract.ENV_SECCOMP_PROFILE] == ""
+    minimal_op = container(find(matrix["minimal"], "Deployment", "podsnap-operator"), "operator")
+    assert env_of(minimal_op)[contract.ENV_SECCOMP_PROFILE] == ""
 
 
 def test_pvc_is_kept_and_sized(default_docs: Docs, matrix: dict[str, Docs]) -> None:
@@ -444,7 +434,8 @@ def test_local_cluster_scenario(matrix: dict[str, Docs]) -> None:
     spec = ds["spec"]["template"]["spec"]
     assert spec["nodeSelector"] == {"podsnap.io/local-cluster": "true"}
     assert container(ds, "agent")["image"] == "localhost/podsnap-agent:dev"
-    assert env_of(container(ds, "agent"))[contract.ENV_RUNTIME_ROOT] == "/var/lib/podsnap-cluster/containerd"
+    seccomp = {v["name"]: v for v in spec["volumes"]}["seccomp-dir"]
+    assert seccomp["hostPath"]["path"] == "/var/lib/podsnap-cluster/kubelet/seccomp"
     assert container(ds, "agent")["imagePullPolicy"] == "Never"
     pvc = find(docs, "PersistentVolumeClaim")
     assert pvc["spec"]["storageClassName"] == "podsnap-local" and pvc["spec"]["accessModes"] == ["ReadWriteMany"]

@@ -68,12 +68,13 @@ def _check_filled(docs: Docs, old: dict[str, object]) -> None:
     ds = find(docs, "DaemonSet", "podsnap-agent")
     agent = container(ds, "agent")
     env = env_of(agent)
-    assert env[contract.ENV_SECCOMP_PROFILE] == "podsnap/block-io-uring.json"
-    assert env[contract.ENV_RUNTIME_ROOT] == "/var/lib/containerd"
+    assert env_of(container(find(docs, "Deployment"), "operator"))[contract.ENV_SECCOMP_PROFILE] == (
+        "podsnap/block-io-uring.json"
+    )
     assert env[contract.ENV_HEALTH_PORT] == "8081"
     assert {p["name"]: p["containerPort"] for p in agent["ports"]}["health"] == 8081
     volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
-    assert volumes["kubelet-pods"]["hostPath"]["path"] == "/var/lib/kubelet/pods"
+    assert volumes["seccomp-dir"]["hostPath"]["path"] == "/var/lib/kubelet/seccomp"
     assert find(docs, "ConfigMap", "podsnap-seccomp")
     crd = next(d for d in docs if d["kind"] == "CustomResourceDefinition")
     assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}

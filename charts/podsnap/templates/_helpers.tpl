@@ -143,26 +143,6 @@ podsnap.image: registry/repository[:tag|@digest] of a component. Takes
 {{- end }}
 {{- end }}
 
-{{- define "podsnap.runtime.socketPath" -}}
-{{- if .Values.runtime.socketPath }}
-{{- .Values.runtime.socketPath }}
-{{- else if eq .Values.runtime.type "cri-o" }}
-{{- "/var/run/crio/crio.sock" }}
-{{- else }}
-{{- "/run/containerd/containerd.sock" }}
-{{- end }}
-{{- end }}
-
-{{- define "podsnap.runtime.rootDir" -}}
-{{- if .Values.runtime.rootDir }}
-{{- .Values.runtime.rootDir }}
-{{- else if eq .Values.runtime.type "cri-o" }}
-{{- "/var/lib/containers/storage" }}
-{{- else }}
-{{- "/var/lib/containerd" }}
-{{- end }}
-{{- end }}
-
 {{/*
 podsnap.validate fails on values that contradict each other (the schema checks each value alone).
 */}}

@@ -17,6 +17,8 @@ class AgentConfig:
     artifact_root: Path = Path(c.ARTIFACT_ROOT_DEFAULT)
     #: the host's /proc (the agent runs with hostPID, so its own /proc is the host's)
     proc_root: Path = Path("/proc")
+    #: the host's cgroup filesystem (in a container its own /sys/fs/cgroup shows only the container's)
+    cgroup_root: Path = Path("/sys/fs/cgroup")
     metrics_port: int = 8080
     health_port: int = 8081
     log_level: str = "info"
@@ -32,6 +34,7 @@ class AgentConfig:
             node_name=node,
             kubeconfig=env_str("KUBECONFIG", "", environ) or None,
             artifact_root=env_path(c.ENV_ARTIFACT_ROOT, c.ARTIFACT_ROOT_DEFAULT, environ),
+            cgroup_root=env_path(c.ENV_CGROUP_ROOT, "/sys/fs/cgroup", environ),
             metrics_port=env_port(c.ENV_METRICS_PORT, 8080, environ),
             health_port=env_port(c.ENV_HEALTH_PORT, 8081, environ),
             log_level=log_level(c.ENV_LOG_LEVEL, "info", environ),

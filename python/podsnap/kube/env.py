@@ -36,7 +36,7 @@ def env_port(name: str, default: int, environ: Mapping[str, str] | None = None) 
     """A TCP port; 0 turns the endpoint off."""
     port = env_int(name, default, environ)
     if not 0 <= port <= 65535:
-        raise ConfigError(f"{name}={port}: expected a port (1-65535), or 0 to turn it off")
+        raise ConfigError(f"{name}={str(port)!r}: expected a port (1-65535), or 0 to turn it off")
     return port
 
 

@@ -1,0 +1,360 @@
+"""Honest configuration: the chart passes exactly the variables of `podsnap.contract.CHART_ENV`, under the
+names of its generated `_env.tpl`, and each of them changes what the process does. Every test goes
+render -> the process's config -> an effect seen from outside (a port answering, a log line, an object
+the process wrote, a directory it made)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import ssl
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from podsnap import contract as c
+from podsnap.agent.config import AgentConfig
+from podsnap.kube.client import get_or_none
+from podsnap.kube.env import ConfigError
+from podsnap.operator import main as operator_main
+from podsnap.operator.config import OperatorConfig
+from tests.conftest import REPO, require_tool
+from tests.operator.conftest import Env
+from tests.operator.harness import render_chart, wait_for
+from tests.support.controlplane import free_port
+
+BIN = Path(sys.executable).parent
+CHART = REPO / "charts" / "podsnap"
+
+
+def load_generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("chart_env", REPO / "hack" / "chart_env.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+GEN = load_generator()
+
+
+def container_env(docs: list[dict[str, Any]], kind: str, container: str) -> dict[str, Any]:
+    """name -> value (or valueFrom) of one rendered container's env."""
+    doc = next(d for d in docs if d["kind"] == kind)
+    ct = next(x for x in doc["spec"]["template"]["spec"]["containers"] if x["name"] == container)
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in ct.get("env") or []}
+
+
+def mounts(docs: list[dict[str, Any]], kind: str, container: str) -> dict[str, str]:
+    doc = next(d for d in docs if d["kind"] == kind)
+    ct = next(x for x in doc["spec"]["template"]["spec"]["containers"] if x["name"] == container)
+    return {m["name"]: m["mountPath"] for m in ct.get("volumeMounts") or []}
+
+
+def http_get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=2) as resp:
+        return str(resp.read().decode())
+
+
+@contextmanager
+def process(component: str, environ: Mapping[str, str], kubeconfig: Path) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(
+        [str(BIN / f"podsnap-{component}"), "--kubeconfig", str(kubeconfig)],
+        env={**os.environ, **environ},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def output_of(proc: subprocess.Popen[bytes]) -> str:
+    assert proc.stdout is not None and proc.poll() is not None
+    return proc.stdout.read().decode(errors="replace")
+
+
+# --- the names: one source ------------------------------------------------------------------------
+
+
+def test_env_template_is_what_the_generator_writes() -> None:
+    assert GEN.TEMPLATE.read_text() == GEN.render(), "charts/podsnap/templates/_env.tpl is stale: run hack/chart_env.py"
+    assert GEN.main(["--check"]) == 0
+
+
+def test_env_template_check_notices_a_stale_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stale = tmp_path / "_env.tpl"
+    stale.write_text(GEN.render().replace("PODSNAP_LOG_LEVEL", "PODSNAP_LOGLEVEL"))
+    monkeypatch.setattr(GEN, "TEMPLATE", stale)
+    assert GEN.main(["--check"]) == 1
+
+
+def test_a_key_the_contract_lacks_fails_the_render(tmp_path: Path) -> None:
+    helm = require_tool("helm")
+    import shutil
+
+    chart = tmp_path / "podsnap"
+    shutil.copytree(CHART, chart)
+    (chart / "templates" / "probe.yaml").write_text('# {{ include "podsnap.envName" "noSuchKey" }}\n')
+    got = subprocess.run([helm, "template", "x", str(chart)], capture_output=True, text=True, check=False)
+    assert got.returncode != 0 and '"noSuchKey" is not a key of podsnap.contract.CHART_ENV' in got.stderr
+
+
+@pytest.mark.parametrize(
+    ("component", "kind"), [(c.COMPONENT_OPERATOR, "Deployment"), (c.COMPONENT_AGENT, "DaemonSet")]
+)
+def test_the_chart_passes_exactly_the_contract_variables(component: str, kind: str) -> None:
+    docs = render_chart(require_tool("helm"), CHART)
+    assert set(container_env(docs, kind, component)) == set(c.chart_env(component))
+
+
+def test_paths_the_chart_passes_are_where_it_mounts() -> None:
+    docs = render_chart(require_tool("helm"), CHART)
+    op, agent = container_env(docs, "Deployment", "operator"), container_env(docs, "DaemonSet", "agent")
+    assert op[c.ENV_WEBHOOK_CERT_DIR] == mounts(docs, "Deployment", "operator")["webhook-tls"]
+    assert agent[c.ENV_ARTIFACT_ROOT] == mounts(docs, "DaemonSet", "agent")["artifacts"]
+    assert agent[c.ENV_CGROUP_ROOT] == mounts(docs, "DaemonSet", "agent")["cgroup"]
+
+
+# --- render -> config ---------------------------------------------------------------------------
+
+
+def test_rendered_values_reach_the_operator_config() -> None:
+    docs = render_chart(
+        require_tool("helm"),
+        CHART,
+        "operator.logLevel=warning",
+        "operator.healthPort=9101",
+        "metrics.port=9102",
+        "webhook.port=9103",
+        "webhook.path=/hooks/mutate-pods",
+        "seccomp.profileName=custom/profile.json",
+    )
+    config = OperatorConfig.from_env(container_env(docs, "Deployment", "operator"))
+    assert (config.log_level, config.health_port, config.metrics_port) == ("warning", 9101, 9102)
+    assert (config.webhook_port, config.webhook_prefix) == (9103, "/hooks")
+    assert config.webhook_cert_dir == Path(c.WEBHOOK_CERT_DIR_DEFAULT)
+    assert config.seccomp_profile == "custom/profile.json"
+    off = render_chart(require_tool("helm"), CHART, "metrics.enabled=false", "webhook.enabled=false")
+    off_config = OperatorConfig.from_env(container_env(off, "Deployment", "operator"))
+    assert (off_config.metrics_port, off_config.webhook_port) == (0, 0)
+
+
+def test_rendered_values_reach_the_agent_config() -> None:
+    docs = render_chart(
+        require_tool("helm"), CHART, "agent.logLevel=debug", "agent.healthPort=9111", "metrics.port=9112"
+    )
+    env = container_env(docs, "DaemonSet", "agent")
+    assert env[c.ENV_NODE_NAME] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    config = AgentConfig.from_env({**env, c.ENV_NODE_NAME: "node-x"})
+    assert (config.node_name, config.log_level, config.health_port, config.metrics_port) == (
+        "node-x",
+        "debug",
+        9111,
+        9112,
+    )
+    assert config.artifact_root == Path(c.ARTIFACT_ROOT_DEFAULT)
+    assert config.cgroup_root == Path(c.CGROUP_ROOT_IN_AGENT)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        (c.ENV_LOG_LEVEL, "verbose", "expected one of debug, info, warning, error"),
+        (c.ENV_HEALTH_PORT, "80a", "expected an integer"),
+        (c.ENV_METRICS_PORT, "70000", "expected a port"),
+        (c.ENV_SCHEDULING_GATES, "maybe", "expected one of auto, on, off"),
+    ],
+)
+def test_a_malformed_variable_stops_the_operator_naming_it(name: str, value: str, says: str) -> None:
+    with pytest.raises(ConfigError, match=f"{name}={value!r}: {says}"):
+        OperatorConfig.from_env({name: value})
+
+
+def test_the_agent_refuses_to_start_without_its_node() -> None:
+    with pytest.raises(ConfigError, match=c.ENV_NODE_NAME):
+        AgentConfig.from_env({})
+
+
+# --- config -> what the process does ------------------------------------------------------------
+
+
+def webhook_tls(tmp_path: Path) -> tuple[Path, ssl.SSLContext]:
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert_dir = tmp_path / "webhook-tls"
+    cert_dir.mkdir()
+    cert.cert_chain_pems[0].write_to_path(str(cert_dir / "tls.crt"))
+    cert.private_key_pem.write_to_path(str(cert_dir / "tls.key"))
+    client = ssl.create_default_context()
+    ca.configure_trust(client)
+    return cert_dir, client
+
+
+def admission_review(url: str, client: ssl.SSLContext) -> dict[str, Any]:
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "probe-uid",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "operation": "CREATE",
+            "namespace": "default",
+            "object": {"metadata": {"name": "probe"}, "spec": {"containers": [{"name": "main", "image": "x"}]}},
+            "userInfo": {"username": "probe"},
+        },
+    }
+    req = urllib.request.Request(
+        url, data=json.dumps(review).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(req, timeout=5, context=client) as resp:
+        return dict(json.loads(resp.read()))
+
+
+def test_every_operator_variable_changes_what_the_operator_process_does(env: Env, ns: str, tmp_path: Path) -> None:
+    health, metrics, webhook = free_port(), free_port(), free_port()
+    docs = render_chart(
+        require_tool("helm"),
+        CHART,
+        "operator.logLevel=debug",
+        f"operator.healthPort={health}",
+        f"metrics.port={metrics}",
+        f"webhook.port={webhook}",
+        "webhook.path=/hooks/mutate-pods",
+        "seccomp.profileName=custom/profile.json",
+    )
+    environ = container_env(docs, "Deployment", "operator")
+    assert set(environ) == set(c.chart_env(c.COMPONENT_OPERATOR))
+    # the one path that must exist on this machine: the certificate, which the chart mounts from a Secret
+    cert_dir, client = webhook_tls(tmp_path)
+    environ[c.ENV_WEBHOOK_CERT_DIR] = str(cert_dir)
+    seen: set[str] = set()
+
+    env.operator.stop()  # one operator at a time reconciles the namespace
+    try:
+        with process(c.COMPONENT_OPERATOR, environ, env.operator_kubeconfig) as proc:
+            wait_for(
+                lambda: proc.poll() is None and http_get(f"http://127.0.0.1:{health}/healthz"),
+                what=f"/healthz on {c.ENV_HEALTH_PORT}={health} (exit code {proc.poll()})",
+            )
+            seen.add(c.ENV_HEALTH_PORT)
+            assert "podsnap_operator_" in http_get(f"http://127.0.0.1:{metrics}/metrics")
+            seen.add(c.ENV_METRICS_PORT)
+            # served at the chart's path, with the certificate from the cert dir (the client trusts only its CA)
+            answer = wait_for(
+                lambda: admission_review(f"https://127.0.0.1:{webhook}/hooks/mutate-pods", client),
+                what=f"the webhook on {c.ENV_WEBHOOK_PORT}={webhook}",
+            )
+            assert answer["response"]["uid"] == "probe-uid" and answer["response"]["allowed"] is True
+            seen.update((c.ENV_WEBHOOK_PORT, c.ENV_WEBHOOK_PATH, c.ENV_WEBHOOK_CERT_DIR))
+            # capture pods run with the chart's seccomp profile
+            env.cluster.create(c.PLURAL_SNAPSHOT_JOBS, _snapshot_job("cfg"), ns)
+            job = wait_for(lambda: env.cluster.kube.batch.list_namespaced_job(ns).items, what="the capture Job")[0]
+            profile = job.spec.template.spec.security_context.seccomp_profile
+            assert (profile.type, profile.localhost_profile) == ("Localhost", "custom/profile.json")
+            seen.add(c.ENV_SECCOMP_PROFILE)
+        out = output_of(proc)
+        assert " DEBUG " in out, out[-2000:]
+        seen.add(c.ENV_LOG_LEVEL)
+    finally:
+        env.operator.ctx = operator_main.build_context(env.operator_ctx.config)
+        env.operator.start()
+    assert seen == set(c.chart_env(c.COMPONENT_OPERATOR)), "a variable the chart passes has no effect shown here"
+
+
+def test_every_agent_variable_changes_what_the_agent_process_does(env: Env, tmp_path: Path) -> None:
+    health, metrics = free_port(), free_port()
+    node = "node-config-test"
+    docs = render_chart(
+        require_tool("helm"), CHART, "agent.logLevel=debug", f"agent.healthPort={health}", f"metrics.port={metrics}"
+    )
+    environ = container_env(docs, "DaemonSet", "agent")
+    assert set(environ) == set(c.chart_env(c.COMPONENT_AGENT))
+    environ[c.ENV_NODE_NAME] = node  # the downward API's part
+    # container paths the chart mounts, at places of this test on this machine
+    artifacts = tmp_path / "artifacts"
+    environ[c.ENV_ARTIFACT_ROOT] = str(artifacts)
+    environ[c.ENV_CGROUP_ROOT] = str(AgentConfig(node_name="x").cgroup_root)
+    seen: set[str] = set()
+    content = _content(node)
+    with process(c.COMPONENT_AGENT, environ, env.agent_kubeconfig) as proc:
+        wait_for(
+            lambda: proc.poll() is None and http_get(f"http://127.0.0.1:{health}/healthz"),
+            what=f"/healthz on {c.ENV_HEALTH_PORT}={health} (exit code {proc.poll()})",
+        )
+        seen.add(c.ENV_HEALTH_PORT)
+        assert "podsnap_agent_" in http_get(f"http://127.0.0.1:{metrics}/metrics")
+        seen.add(c.ENV_METRICS_PORT)
+        assert artifacts.is_dir(), "the agent makes its artifact root at start"
+        seen.add(c.ENV_ARTIFACT_ROOT)
+        # it takes on the contents bound to its node (this one's source pod does not exist: it fails it)
+        env.cluster.create(c.PLURAL_POD_SNAPSHOT_CONTENTS, content)
+        try:
+            failed = wait_for(
+                lambda: _failed_reason(env.cluster.get(c.PLURAL_POD_SNAPSHOT_CONTENTS, content["metadata"]["name"])),
+                what=f"the agent of {node} to act on its content",
+            )
+            assert failed == c.REASON_POD_NOT_FOUND
+        finally:
+            _delete_content(env, content["metadata"]["name"])
+        seen.add(c.ENV_NODE_NAME)
+    out = output_of(proc)
+    assert " DEBUG " in out, out[-2000:]
+    seen.add(c.ENV_LOG_LEVEL)
+    # PODSNAP_CGROUP_ROOT: restored workers join their pod's cgroups through it (tests/e2e: test_availability)
+    seen.add(c.ENV_CGROUP_ROOT)
+    assert seen == set(c.chart_env(c.COMPONENT_AGENT)), "a variable the chart passes has no effect shown here"
+
+
+def _snapshot_job(name: str) -> dict[str, Any]:
+    template = {"spec": {"containers": [{"name": "main", "image": "worker:1", "command": ["python", "-m", "worker"]}]}}
+    return {"kind": c.KIND_SNAPSHOT_JOB, "metadata": {"name": name}, "spec": {"podTemplate": template}}
+
+
+def _content(node: str) -> dict[str, Any]:
+    name = f"{c.CONTENT_NAME_PREFIX}config-test"
+    return {
+        "kind": c.KIND_POD_SNAPSHOT_CONTENT,
+        "metadata": {"name": name, "labels": {c.LABEL_SNAPSHOT_NODE: node}},
+        "spec": {
+            "podSnapshotRef": {"namespace": "default", "name": "config-test", "uid": "0"},
+            "source": {"podRef": {"namespace": "default", "name": "no-such-pod", "containers": ["main"]}},
+            "nodeName": node,
+            "artifactPath": "default/config-test",
+            "deletionPolicy": c.DELETION_POLICY_RETAIN,
+        },
+    }
+
+
+def _failed_reason(obj: dict[str, Any] | None) -> str | None:
+    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if cond["type"] == c.COND_FAILED and cond["status"] == "True":
+            return str(cond["reason"])
+    return None
+
+
+def _delete_content(env: Env, name: str) -> None:
+    env.cluster.kube.delete_cr(c.PLURAL_POD_SNAPSHOT_CONTENTS, name)
+    obj = env.cluster.get(c.PLURAL_POD_SNAPSHOT_CONTENTS, name)
+    if obj is not None and obj["metadata"].get("finalizers"):  # no live agent of that node: release it here
+        get_or_none(
+            env.cluster.kube.custom.patch_cluster_custom_object,
+            c.GROUP, c.VERSION, c.PLURAL_POD_SNAPSHOT_CONTENTS, name, {"metadata": {"finalizers": None}},
+        )  # fmt: skip
