@@ -65,10 +65,6 @@ operator:
     create: true
     name: ''
   tolerations: []
-runtime:
-  rootDir: ''
-  socketPath: ''
-  type: containerd
 seccomp:
   enabled: true
   profileName: podsnap/block-io-uring.json
