@@ -8,10 +8,12 @@ import socket
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from podsnap import contract
 from podsnap.demo import round_trip
+from podsnap.demo._model import element_count
 from podsnap.engine import Criu
 
 from .conftest import start_worker
@@ -94,3 +96,31 @@ def test_a_snapshot_timeout_leaves_the_source_serving(tmp_path: Path) -> None:
         assert w.chat("still there?")["podsnap"]["init_id"] == w.init_id
     finally:
         assert w.stop() == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", ["host", "file"])
+def test_a_cooperative_worker_releases_its_weights_before_the_capture_and_gets_them_back(
+    criu: Criu, tmp_path: Path, source: str
+) -> None:
+    """--cooperative on the CPU: the SDK's stand-in device is the process's own memory, so the released
+    weights really leave the CRIU image (file source) and come back bit-exact after a real restore."""
+    gib = 0.125
+    args = ["--device", "cpu", "--weights-gib", str(gib), "--cooperative", "--cooperative-source", source]
+    if source == "file":
+        weights = tmp_path / "weights.bin"
+        weights.write_bytes(np.random.default_rng(7).integers(0, 255, element_count(gib) * 2, dtype=np.uint8))
+        args += ["--weights-file", str(weights)]
+    report = round_trip(tmp_path / "w", args, port=free_port())
+    assert report["bit_exact"] and report["same_worker"], report
+    coop = report["after"]["health"]["cooperative"]
+    nbytes = report["before"]["health"]["weights_bytes"]
+    assert coop["bytes"] >= nbytes
+    assert coop["reload"]["bytes"] == coop["bytes"]
+    if source == "file":
+        assert coop["offload"]["file_bytes"] >= nbytes and coop["reload"]["file_bytes"] >= nbytes
+        # the weights were not in the process when it was dumped
+        assert report["capture"]["bytes_memory"] < nbytes, report["capture"]
+    else:
+        assert coop["offload"]["saved_bytes"] == coop["bytes"] and coop["reload"]["file_bytes"] == 0
+    assert report["after"]["health"]["phases_s"]["adopt"] > 0

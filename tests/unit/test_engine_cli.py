@@ -18,7 +18,8 @@ def test_commands_parse() -> None:
     r = p.parse_args(["restore", "/x", "--skip-compat-check"])
     assert r.skip_compat_check and r.artifact == "/x"
     d = p.parse_args(["demo", "--device", "cuda", "--weights-gib", "8"])
-    assert (d.device, d.weights_gib, d.json) == ("cuda", 8.0, "out/demo.json")
+    assert (d.device, d.weights_gib, d.json, d.cooperative) == ("cuda", 8.0, "out/demo.json", False)
+    assert p.parse_args(["demo", "--cooperative"]).cooperative
     c = p.parse_args(["capture", "--pid", "5", "--out", "/x", "--control-dir", "/c", "--ready-timeout", "3"])
     assert (c.control_dir, c.ready_timeout) == ("/c", 3.0)
     r = p.parse_args(["restore", "/x", "--control-dir", "/c", "--context", "A=1", "--context", "B=x=y"])

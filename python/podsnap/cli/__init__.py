@@ -98,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--keep", action="store_true", help="keep the artifact and leave the restored worker running")
     m.add_argument("--criu", metavar="PATH", help="CRIU binary (default: PODSNAP_CRIU, .tools/bin/criu, PATH)")
     m.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the worker's cold start")
+    m.add_argument(
+        "--cooperative",
+        action="store_true",
+        help="the worker hands its weights to the SDK: released before the checkpoint, streamed back at resume",
+    )
     m.add_argument("--extra-arg", action="append", default=[], help="pass one more argument to the demo worker")
     return parser
 

@@ -16,9 +16,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from podsnap.workload import FileSource, Weights
 
 HIDDEN = 64
 SEGMENTS = 64
@@ -72,6 +75,8 @@ class Model(Protocol):
     def checksum(self) -> str: ...
 
     def release_caches(self) -> None: ...
+
+    def adopt(self, weights: Weights, source: FileSource | None) -> None: ...
 
 
 class NumpyModel:
@@ -142,3 +147,10 @@ class NumpyModel:
 
     def release_caches(self) -> None:
         pass
+
+    def adopt(self, weights: Weights, source: FileSource | None) -> None:
+        """Hand every array the answers depend on to the SDK (the derived ones are kept as host copies)."""
+        self.w = weights.adopt("weights", self.w, source=source)
+        self.emb = weights.adopt("emb", self.emb)
+        self.w1 = weights.adopt("w1", self.w1)
+        self.w2 = weights.adopt("w2", self.w2)

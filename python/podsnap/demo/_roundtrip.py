@@ -203,7 +203,10 @@ def round_trip(
     ctl = ControlDir(control)
     artifact = (artifact_dir or workdir) / "artifact"
     shutil.rmtree(artifact, ignore_errors=True)
-    cmd = [sys.executable, "-m", "podsnap.demo", "--host", "127.0.0.1", "--port", str(port), *worker_args]
+    # the worker offers itself once asked, after the "before" answers: a cooperative worker's weights are
+    # away from its quiesce on, so it could not answer while offered
+    cmd = [sys.executable, "-m", "podsnap.demo", "--host", "127.0.0.1", "--port", str(port), "--offer-on-request"]
+    cmd += list(worker_args)
     wenv = {**(env if env is not None else os.environ), contract.ENV_CONTROL_DIR: str(control)}
     report: dict[str, Any] = {"worker_args": list(worker_args)}
     pid: int | None = None
@@ -223,6 +226,7 @@ def round_trip(
             raise RoundTripError("the worker gave two answers to one question before any capture")
         report["before"] = before
         report["gpu_bytes"] = gpu_memory_bytes(pid)
+        _request(f"http://127.0.0.1:{port}/podsnap/offer", {})
         if after_cold_start is not None:
             after_cold_start()
         say(f"cold start {report['cold_start_s']:.2f}s (pid {pid}); waiting for {contract.FILE_READY_FOR_SNAPSHOT}")

@@ -80,6 +80,8 @@ class DemoServer(ThreadingHTTPServer):
         self.created = int(time.time())
         #: held while a request generates; quiesce takes it to let in-flight generation finish
         self.generation = threading.Lock()
+        #: set by `POST /podsnap/offer` (workers started with --offer-on-request wait for it before quiescing)
+        self.offer = threading.Event()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -129,6 +131,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         url = urlsplit(self.path)
+        if url.path == "/podsnap/offer":
+            self.server.offer.set()
+            self._send(HTTPStatus.ACCEPTED, {"offered": True, "podsnap": self._meta()})
+            return
         if url.path != "/v1/chat/completions":
             self._error(BadRequest(f"no route POST {url.path}; try /v1/chat/completions", None, HTTPStatus.NOT_FOUND))
             return

@@ -5,11 +5,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from podsnap.demo._model import CHUNK, HIDDEN, SEGMENTS, VOCAB, combine_checksum, prompt_bytes
+
+if TYPE_CHECKING:
+    from podsnap.workload import FileSource, Weights
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -68,8 +71,21 @@ class TorchModel:
     def nbytes(self) -> int:
         return self.n * self.w.element_size()
 
-    def compile(self) -> None:
-        self._step = torch.compile(_step, fullgraph=True, dynamic=False)
+    def compile(self, mode: str = "default") -> None:
+        if mode == "reduce-overhead":
+            # the decode step's weights are static inputs: the CUDA graphs read them at their addresses
+            # (not through copies), which is what the cooperative path must keep valid across a restore
+            for t in (self.w1, self.w2, self.emb):
+                torch._dynamo.mark_static_address(t)
+        self._step = torch.compile(_step, fullgraph=True, dynamic=False, mode=None if mode == "default" else mode)
+
+    def adopt(self, weights: Weights, source: FileSource | None) -> None:
+        """Hand every tensor the answers depend on to the SDK, before compile captures their addresses."""
+        self.w = weights.adopt("weights", self.w, source=source)
+        self.emb = weights.adopt("emb", self.emb)
+        self.w1 = weights.adopt("w1", self.w1)
+        self.w2 = weights.adopt("w2", self.w2)
+        self.release_caches()  # the originals' memory goes back to the GPU
 
     def signature(self) -> torch.Tensor:
         seg = self.n // SEGMENTS

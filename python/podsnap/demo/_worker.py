@@ -24,7 +24,15 @@ from typing import Any
 
 from podsnap.demo._model import Model, NumpyModel, element_count
 from podsnap.demo._server import DemoServer
-from podsnap.workload import QuiesceError, RestoreTimeout, ResumeInfo, SnapshotControl, SnapshotError
+from podsnap.workload import (
+    FileSource,
+    QuiesceError,
+    RestoreTimeout,
+    ResumeInfo,
+    SnapshotControl,
+    SnapshotError,
+    Weights,
+)
 
 DEFAULT_GIB = {"cpu": 1 / 64, "cuda": 1.0}
 WARMUP_PROMPTS = ("Hello!", "What is podsnap?", "Tell me a story about GPUs and checkpoints.")
@@ -49,6 +57,30 @@ def build_parser() -> argparse.ArgumentParser:
         "--write-weights", type=Path, default=None, help="write generated weights to this file and exit (cuda)"
     )
     p.add_argument("--compile", action="store_true", help="torch.compile the decode step and warm it up (cuda)")
+    p.add_argument(
+        "--compile-mode",
+        choices=("default", "reduce-overhead"),
+        default="default",
+        help="torch.compile mode; reduce-overhead captures CUDA graphs on the weights' addresses (cuda)",
+    )
+    p.add_argument(
+        "--cooperative",
+        action="store_true",
+        help="hand the weights to podsnap.workload.Weights: released before the checkpoint, streamed back at resume",
+    )
+    p.add_argument(
+        "--cooperative-source",
+        choices=("auto", "file", "host"),
+        default="auto",
+        help="--cooperative: reload from --weights-file (file) or from a host copy in the checkpoint (host); "
+        "auto: file when --weights-file is given",
+    )
+    p.add_argument(
+        "--offer-on-request",
+        action="store_true",
+        help="offer this worker for capture only once POST /podsnap/offer arrives (after a caller's own checks)",
+    )
+    p.add_argument("--weights-threads", type=int, default=8, help="--cooperative: reader threads for a file source")
     p.add_argument("--warmup-requests", type=int, default=3, help="requests run before serving (default 3)")
     p.add_argument("--model-id", default="podsnap-demo", help="the model name /v1/models reports")
     p.add_argument("--no-snapshot", action="store_true", help="never offer this worker for capture")
@@ -69,7 +101,22 @@ def pick_device(requested: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def load_model(args: argparse.Namespace, device: str, phases: dict[str, float]) -> Model:
+def adopt_weights(args: argparse.Namespace, model: Model, phases: dict[str, float]) -> Weights:
+    """The cooperative path: the model's weights move into memory the SDK owns (before compile/warm-up)."""
+    source_kind = args.cooperative_source
+    if source_kind == "auto":
+        source_kind = "file" if args.weights_file else "host"
+    if source_kind == "file" and not args.weights_file:
+        raise SystemExit("--cooperative-source file needs --weights-file")
+    t = time.monotonic()
+    small = model.device == "cpu"
+    weights = Weights(threads=2 if small else args.weights_threads, staging_bytes=(4 if small else 16) << 20)
+    model.adopt(weights, FileSource(args.weights_file) if source_kind == "file" else None)
+    phases["adopt"] = time.monotonic() - t
+    return weights
+
+
+def load_model(args: argparse.Namespace, device: str, phases: dict[str, float]) -> tuple[Model, Weights | None]:
     gib = args.weights_gib if args.weights_gib is not None else DEFAULT_GIB[device]
     n = element_count(gib)
     t = time.monotonic()
@@ -84,7 +131,7 @@ def load_model(args: argparse.Namespace, device: str, phases: dict[str, float]) 
             NumpyModel.from_file(args.weights_file, n) if args.weights_file else NumpyModel.generated(n, args.seed)
         )
         phases["load"] = time.monotonic() - t
-        return model
+        return model, adopt_weights(args, model, phases) if args.cooperative else None
     if args.compile:
         # inductor's default pool of compile subprocesses would become part of the captured process tree
         os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
@@ -103,12 +150,13 @@ def load_model(args: argparse.Namespace, device: str, phases: dict[str, float]) 
         else TorchModel.generated(n, args.seed, args.dtype)
     )
     phases["load"] = time.monotonic() - t
+    weights = adopt_weights(args, tm, phases) if args.cooperative else None
     if args.compile:
         t = time.monotonic()
-        tm.compile()
+        tm.compile(args.compile_mode)
         tm.generate(WARMUP_PROMPTS[0], 2)  # the first call compiles
         phases["compile"] = time.monotonic() - t
-    return tm
+    return tm, weights
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     except SnapshotError as e:
         raise SystemExit(f"podsnap-demo: {e}") from e
     phases: dict[str, float] = {}
-    model = load_model(args, device, phases)
+    model, weights = load_model(args, device, phases)
     t = time.monotonic()
     for i in range(max(0, args.warmup_requests)):
         model.generate(WARMUP_PROMPTS[i % len(WARMUP_PROMPTS)], 8)
@@ -142,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
             "dtype": model.dtype,
             "weights_bytes": model.nbytes,
             "compiled": bool(args.compile),
+            "compile_mode": args.compile_mode if args.compile else None,
+            "cooperative": None
+            if weights is None
+            else {"bytes": weights.nbytes, "offload": weights.last_offload, "reload": weights.last_reload},
             "phases_s": dict(phases),
             **state,
         }
@@ -164,7 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         if snap is not None and snap.enabled:
-            _offer_for_capture(snap, server, model, state, args.snapshot_timeout)
+            while args.offer_on_request and not server.offer.wait(1.0):
+                pass
+            _offer_for_capture(snap, server, model, state, weights=weights, timeout_s=args.snapshot_timeout)
         while True:
             time.sleep(3600)
     except _Stop:
@@ -176,7 +230,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _offer_for_capture(
-    snap: SnapshotControl, server: DemoServer, model: Model, state: dict[str, Any], timeout_s: float | None
+    snap: SnapshotControl,
+    server: DemoServer,
+    model: Model,
+    state: dict[str, Any],
+    *,
+    weights: Weights | None,
+    timeout_s: float | None,
 ) -> None:
     def finish_generation() -> None:
         # in-flight requests finish before the process is offered; the lock is released again at once
@@ -185,6 +245,15 @@ def _offer_for_capture(
 
     snap.on_quiesce(finish_generation, name="finish-generation")
     snap.on_quiesce(model.release_caches, name="release-caches")
+    if weights is not None:
+        # requests wait while the weights are away: from the quiesce until they are back
+        def hold_generation() -> None:
+            server.generation.acquire()
+
+        snap.on_quiesce(hold_generation, name="hold-generation")
+        # last to quiesce (generation has stopped), first to resume (before anything reads the weights)
+        weights.attach(snap)
+        snap.on_resume(lambda _: server.generation.release(), name="release-generation")
 
     def mark_restored(info: ResumeInfo) -> None:
         state["restored"] = info.restored
@@ -195,7 +264,11 @@ def _offer_for_capture(
     try:
         info = snap.checkpoint_and_wait(timeout_s=timeout_s)
     except (QuiesceError, RestoreTimeout) as e:
-        # never captured: this process is still the intact source, so it keeps serving
+        # never captured: this process is still the intact source, so it keeps serving (with its weights)
+        if weights is not None and not weights.resident:
+            weights.reload()
+        if weights is not None and server.generation.locked():
+            server.generation.release()
         print(f"podsnap-demo: not captured, serving on: {e}", file=sys.stderr, flush=True)
         return
     except SnapshotError as e:

@@ -8,6 +8,15 @@
     info = snap.checkpoint_and_wait()      # no-op without a control dir
     serve()
 
+Weights out of the checkpoint (see `podsnap.workload._weights` and docs/weights.md): adopt the
+immutable GPU tensors at load time, before compile/graph capture; they are offloaded at quiesce
+(saved to host memory, or nothing at all when they come from a file the restore node has) and
+streamed back at resume at the same addresses, so CUDA graphs replay unchanged.
+
+    weights = Weights()
+    weights.adopt_module(model, sources={"embed.weight": FileSource("/models/m.bin", offset=0)})
+    weights.attach(snap)                   # after the quiesce hooks that stop generation
+
 `podsnap-run -- CMD...` (module `podsnap.workload.run`) is the standby-aware entrypoint for the
 worker's container.
 """
@@ -20,11 +29,15 @@ from podsnap.workload._errors import (
     RestoreTimeout,
     ResumeError,
     SnapshotError,
+    WeightsError,
+    WeightSourceError,
 )
 from podsnap.workload._snapshot import QuiesceHook, ResumeHook, ResumeInfo, SnapshotControl
+from podsnap.workload._weights import FileSource, Weights
 
 __all__ = [
     "ControlDirError",
+    "FileSource",
     "QuiesceError",
     "QuiesceHook",
     "RestoreContextError",
@@ -34,5 +47,8 @@ __all__ = [
     "ResumeInfo",
     "SnapshotControl",
     "SnapshotError",
+    "WeightSourceError",
+    "Weights",
+    "WeightsError",
     "control_dir_from_env",
 ]

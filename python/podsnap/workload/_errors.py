@@ -5,7 +5,9 @@ SnapshotError
 ├── QuiesceError          a quiesce hook failed; `ready-for-snapshot` was NOT written
 ├── RestoreTimeout        `restore-complete` did not appear in time
 ├── RestoreContextError   `restore-context.json` is malformed (the message names the field)
-└── ResumeError           a resume hook failed after the restore
+├── ResumeError           a resume hook failed after the restore
+└── WeightsError          the cooperative weight path failed (the message names the tensor and the step)
+    └── WeightSourceError a weight's file source is missing, changed, short or different (names tensor and file)
 """
 
 from __future__ import annotations
@@ -37,3 +39,11 @@ class ResumeError(SnapshotError):
     def __init__(self, hook: str, cause: BaseException) -> None:
         super().__init__(f"resume hook {hook!r} failed: {cause!r}")
         self.hook = hook
+
+
+class WeightsError(SnapshotError):
+    pass
+
+
+class WeightSourceError(WeightsError):
+    pass
