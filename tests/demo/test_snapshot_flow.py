@@ -124,3 +124,18 @@ def test_a_cooperative_worker_releases_its_weights_before_the_capture_and_gets_t
     else:
         assert coop["offload"]["saved_bytes"] == coop["bytes"] and coop["reload"]["file_bytes"] == 0
     assert report["after"]["health"]["phases_s"]["adopt"] > 0
+
+
+@pytest.mark.slow
+def test_a_cooperative_worker_moves_between_pod_like_sandboxes(criu: Criu, tmp_path: Path) -> None:
+    """Namespace mode, as the agent does in pods: captured inside one sandbox's namespaces, restored into
+    another's, with its weights released before the capture and streamed back from the file."""
+    gib = 1 / 64
+    weights = tmp_path / "weights.bin"
+    weights.write_bytes(np.random.default_rng(8).integers(0, 255, element_count(gib) * 2, dtype=np.uint8))
+    args = ["--device", "cpu", "--weights-gib", str(gib), "--weights-file", str(weights), "--cooperative"]
+    report = round_trip(tmp_path / "w", args, port=free_port(), namespaces=True)
+    assert report["namespaces"] is True
+    assert report["bit_exact"] and report["same_worker"], report
+    assert report["restore"]["ns_pid"] == report["before"]["pid"] != report["restore"]["pid"]
+    assert report["after"]["health"]["cooperative"]["reload"]["file_bytes"] > 0

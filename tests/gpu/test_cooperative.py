@@ -101,3 +101,18 @@ def test_cuda_graphs_captured_on_adopted_weights_replay_after_the_restore(tmp_pa
     assert_bit_exact(report)
     health = report["before"]["health"]
     assert health["compiled"] is True and health["compile_mode"] == "reduce-overhead"
+
+
+def test_in_namespace_mode_the_weights_follow_the_worker_into_another_pod(tmp_path: Path) -> None:
+    """As the agent does in pods: captured inside one sandbox's PID/mount namespaces, restored into another's."""
+    weights = tmp_path / "weights.bin"
+    write_weights(weights, 1)
+    report = round_trip(
+        tmp_path / "w",
+        ["--device", "cuda", "--weights-gib", "1", "--weights-file", str(weights), "--cooperative"],
+        port=free_port(),
+        namespaces=True,
+    )
+    coop = assert_bit_exact(report)
+    assert report["restore"]["ns_pid"] == report["before"]["pid"] != report["restore"]["pid"]
+    assert coop["reload"]["file_bytes"] >= GIB

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from podsnap import contract
 from podsnap.controldir import ControlDir
+from podsnap.demo._sandbox import Sandbox
 
 if TYPE_CHECKING:
     from podsnap.engine import ProgressFn
@@ -179,6 +180,7 @@ def round_trip(
     engine_progress: ProgressFn | None = None,
     capture_extra: dict[str, Any] | None = None,
     context_env: dict[str, str] | None = None,
+    namespaces: bool = False,
 ) -> dict[str, Any]:
     """Run the whole round trip; return a JSON-able report (see module doc). Raises RoundTripError.
 
@@ -187,7 +189,9 @@ def round_trip(
     a weights file in tmpfs holds before the capture needs as much again). `engine_progress` is the
     engine's `progress=` callback for capture and restore; `capture_extra` goes into the manifest;
     `context_env` is the restore context handed to the restored worker. `keep=True` leaves the
-    restored worker running and the artifact in place.
+    restored worker running and the artifact in place. `namespaces=True` runs the worker in a
+    pod-like sandbox (own PID/mount/UTS/IPC namespaces, `podsnap.demo._sandbox`), captures it with
+    CRIU inside those namespaces and restores it into a second sandbox, as the agent does in pods.
 
     Report keys: worker_args, cold_start_s, before, gpu_bytes, capture_s, capture{timings_ms,
     bytes_total, bytes_memory, cuda_pids}, restore_s, restore{timings_ms, bytes_total, pid, cuda_pids,
@@ -208,11 +212,18 @@ def round_trip(
     cmd = [sys.executable, "-m", "podsnap.demo", "--host", "127.0.0.1", "--port", str(port), "--offer-on-request"]
     cmd += list(worker_args)
     wenv = {**(env if env is not None else os.environ), contract.ENV_CONTROL_DIR: str(control)}
-    report: dict[str, Any] = {"worker_args": list(worker_args)}
+    report: dict[str, Any] = {"worker_args": list(worker_args), "namespaces": namespaces}
     pid: int | None = None
+    sandboxes: list[Sandbox] = []
     try:
+        if namespaces:
+            sandboxes = [Sandbox(workdir / "pod-source"), Sandbox(workdir / "pod-destination")]
         t0 = time.monotonic()
-        pid, log = start_detached(cmd, workdir, wenv)
+        if namespaces:
+            log = workdir / "worker.log"
+            pid = sandboxes[0].launch(cmd, wenv, log)
+        else:
+            pid, log = start_detached(cmd, workdir, wenv)
         say(f"started the worker (pid {pid}, port {port}, log {log})")
         health = f"http://127.0.0.1:{port}/health"
         _wait("the cold start", lambda: _request(health, timeout=5)["status"] == "ok", cold_start_timeout_s, pid, log)
@@ -235,7 +246,11 @@ def round_trip(
         cap = capture(
             pid,
             artifact,
-            CaptureOptions(criu_binary=criu_binary, extra=dict(capture_extra or {})),
+            CaptureOptions(
+                criu_binary=criu_binary,
+                extra=dict(capture_extra or {}),
+                namespace_pid=sandboxes[0].init_pid if namespaces else None,
+            ),
             progress=engine_progress,
         )
         report["capture_s"] = time.monotonic() - t1
@@ -249,7 +264,11 @@ def round_trip(
         }
         say(f"captured {cap.bytes_total / GIB:.2f} GiB in {report['capture_s']:.2f}s; the source is gone; restoring")
         t2 = time.monotonic()
-        res = restore(artifact, RestoreOptions(criu_binary=criu_binary), progress=engine_progress)
+        res = restore(
+            artifact,
+            RestoreOptions(criu_binary=criu_binary, namespace_pid=sandboxes[1].init_pid if namespaces else None),
+            progress=engine_progress,
+        )
         pid = res.pid
         t3 = time.monotonic()
         ctl.signal_restored(context_env or {"POD_NAME": "podsnap-roundtrip", "POD_IP": "127.0.0.1"})
@@ -266,6 +285,7 @@ def round_trip(
             "timings_ms": res.timings_ms,
             "bytes_total": res.bytes_total,
             "pid": res.pid,
+            "ns_pid": res.ns_pid,
             "cuda_pids": list(res.cuda_pids),
             "resume_s": t4 - t3,
             "first_answer": chat["choices"][0]["message"]["content"],
@@ -277,6 +297,7 @@ def round_trip(
             and after["tokens"] == before["tokens"]
             and report["restore"]["first_answer"] == before["answer"]
         )
+        # in a sandbox the worker reports its namespace PID, which the restore keeps
         report["same_worker"] = after["init_id"] == before["init_id"] and after["pid"] == before["pid"]
         report["restore_over_cold"] = report["restore_s"] / report["cold_start_s"]
         say(f"restored in {report['restore_s']:.2f}s; bit_exact={report['bit_exact']}")
@@ -284,5 +305,8 @@ def round_trip(
     finally:
         if pid is not None and not keep and _exists(pid):
             stop_worker(pid)
+        if not keep:
+            for sandbox in sandboxes:
+                sandbox.stop()
         if not keep:
             shutil.rmtree(artifact, ignore_errors=True)
