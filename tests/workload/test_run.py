@@ -118,7 +118,7 @@ def test_a_missing_command_exits_127_naming_it() -> None:
 def test_standby_runs_nothing_and_ends_on_sigterm(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     p = subprocess.Popen([*RUN, "--", "sh", "-c", f"touch {marker}"], env=env(**{contract.ENV_RESTORE_STANDBY: "1"}))
-    time.sleep(0.5)
+    wait_blocked(p.pid, signal.SIGTERM)  # in its wait loop: it got past the point where it would run CMD
     assert p.poll() is None, "standby exited on its own"
     assert not marker.exists(), "standby ran the command"
     assert children_of(p.pid) == []
@@ -145,7 +145,7 @@ def test_standby_adopts_a_restored_worker_forwards_signals_and_exits_with_its_st
         f"os.execv(sys.executable, [sys.executable, '-m', 'podsnap.workload.run', '--', 'false'])\n"
     )
     p = subprocess.Popen([sys.executable, "-c", launcher], env=env(**{contract.ENV_RESTORE_STANDBY: "1"}))
-    time.sleep(0.5)
+    wait_blocked(p.pid, signal.SIGTERM)  # podsnap-run is in its loop: signals are now its to forward
     hand_over.write_text("go")
     worker = int(wait_for(worker_pid))
     deadline = time.monotonic() + 5
