@@ -367,11 +367,12 @@ class Subject:
 
     # after the restore
     def after(self) -> None:
+        # first: the later steps use dst as a copy target
+        self.res["dst_intact"] = bool(self.torch.equal(self.dst, self.pattern(GIB, 400)))
         if "pinned" in self.parts:
             self.after_pinned()
         if "vmm" in self.parts:
             self.after_vmm()
-        self.res["dst_intact"] = bool(self.torch.equal(self.dst, self.pattern(GIB, 400)))
 
     def after_pinned(self) -> None:
         torch = self.torch

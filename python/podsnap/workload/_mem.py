@@ -6,6 +6,7 @@ import ctypes
 import functools
 import mmap
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 PROT_NONE = 0x0
 PROT_RW = 0x1 | 0x2
@@ -37,12 +38,25 @@ def _map(addr: int, size: int, prot: int, flags: int) -> int:
     return int(ptr)
 
 
-def anon_alloc(size: int, *, huge: bool = True) -> int:
-    """Fresh zeroed read-write memory; huge pages asked for (faster to fault in, to pin and to copy)."""
+def anon_alloc(size: int, *, huge: bool = True, prefault_threads: int = 0) -> int:
+    """Fresh zeroed read-write memory; huge pages asked for (faster to fault in, to pin and to copy).
+
+    `prefault_threads` > 0 touches every page first, from that many threads: pinning fresh memory
+    faults it in on one thread (8 GiB: 2.6 s on the H200), touching it in parallel first is faster.
+    """
     ptr = _map(0, size, PROT_RW, MAP_PRIVATE | MAP_ANONYMOUS)
     if huge:
         _libc().madvise(ptr, size, MADV_HUGEPAGE)  # advisory: THP may be off
+    if prefault_threads > 0:
+        step = _round_up(-(-size // prefault_threads), 2 << 20)
+        spans = [(ptr + off, min(step, size - off)) for off in range(0, size, step)]
+        with ThreadPoolExecutor(max_workers=len(spans)) as pool:  # ctypes.memset runs without the GIL
+            list(pool.map(lambda span: ctypes.memset(span[0], 0, span[1]), spans))
     return ptr
+
+
+def _round_up(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
 
 
 def anon_reserve(size: int) -> int:
