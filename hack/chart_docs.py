@@ -4,8 +4,10 @@
 values.yaml is the one documentation source (cert-manager style): the comment block right above a
 key documents it, `# +docs:section=NAME` starts a README section. This writes
 - the values table of charts/podsnap/README.md, between the AUTO-GENERATED markers;
-- charts/podsnap/templates/_defaults.tpl, the values podsnap.init fills into keys missing from
-  .Values (an older release's values on `helm upgrade --reuse-values`; see fill_values).
+- charts/podsnap/templates/_defaults.tpl, what podsnap.init fills into keys missing from .Values (an
+  older release's values on `helm upgrade --reuse-values`): the defaults, and for each list or map
+  whose default is not empty, the keys that tell "the user removed it with null" from "the release's
+  chart did not have it" (see removable).
 `--check` exits 1 when either file is stale; tests/chart runs the same comparison.
 
 A key is a row of the table when its value is not a mapping, or a mapping none of whose children is
@@ -29,6 +31,11 @@ CHART = REPO / "charts" / "podsnap"
 VALUES = CHART / "values.yaml"
 README = CHART / "README.md"
 DEFAULTS = CHART / "templates" / "_defaults.tpl"
+#: the values.yaml of every earlier chart version, comments stripped (tests/chart/test_upgrade.py checks
+#: that it holds every version in git and the current one)
+HISTORY = REPO / "tests" / "chart" / "upgrade-snapshots"
+#: at most this many witnesses per removable key (any one present is enough)
+WITNESSES = 3
 BEGIN = "<!-- AUTO-GENERATED: values table (python hack/chart_docs.py) -->"
 END = "<!-- /AUTO-GENERATED -->"
 
@@ -149,31 +156,91 @@ def readme_text(readme: str, values_text: str) -> str:
 
 
 def fill_values(values_text: str) -> dict[str, Any]:
-    """What podsnap.init fills into keys missing from .Values: the defaults, except that a map or
-    list that is a single value (a table row, e.g. `agent.nodeSelector`) fills in empty.
-
-    A key is missing for one of two reasons: the values come from an older chart that lacked it
-    (`--reuse-values`), or the user removed it with `null`, which is Helm's only way to clear a
-    default map (a `{}` override is merged with the default, not put in its place). Filling scalars
-    and settings groups with defaults serves the first case; filling collections with empties
-    serves the second, and still renders in the first.
-    """
-    values = yaml.safe_load(values_text)
-    for key in rows(values_text):
-        parent = lookup(values, key.path[:-1])
-        if isinstance(parent[key.path[-1]], dict | list):
-            parent[key.path[-1]] = type(parent[key.path[-1]])()
-    result: dict[str, Any] = values
+    """What podsnap.init fills into a key missing from .Values that the release's chart did not have:
+    the default, lists and maps included."""
+    result: dict[str, Any] = yaml.safe_load(values_text)
     return result
 
 
-def defaults_text(values_text: str) -> str:
+Path_ = tuple[str, ...]
+
+
+def has_path(values: Any, path: Path_) -> bool:
+    for part in path:
+        if not isinstance(values, dict) or part not in values:
+            return False
+        values = values[part]
+    return True
+
+
+def removable(values_text: str, history: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """For each row whose default is a non-empty list or map: scalar keys ("witnesses") that were in
+    every earlier values.yaml that had the row, and only in those.
+
+    Helm deletes a key the user sets to null (its only way to clear a default map), and with
+    `--reuse-values` it renders the new chart with the old chart's values, where keys added since are
+    missing too. podsnap.init tells the two apart: the row is missing while a witness is present, so
+    the release's chart had the row and the user removed it (it stays empty); no witness is present,
+    so the chart was older than the row (it gets the default). A present null is always the user's.
+    """
+    values = yaml.safe_load(values_text)
+    sets = [*history, values]
+    all_rows = [k.path for k in rows(values_text)]
+
+    def seen_in(path: Path_) -> frozenset[int]:
+        return frozenset(i for i, s in enumerate(sets) if has_path(s, path))
+
+    scalars = [p for p in all_rows if not isinstance(lookup(values, p), dict | list)]
+    out: dict[str, list[str]] = {}
+    for path in all_rows:
+        default = lookup(values, path)
+        if not isinstance(default, dict | list) or not default:
+            continue
+        need = seen_in(path)
+        fitting = [w for w in scalars if seen_in(w) <= need]
+        # first the witnesses seen exactly where the row is, nearest to it in values.yaml (same group)
+        fitting.sort(key=lambda w: (seen_in(w) != need, -len(seen_in(w)), -shared_prefix(w, path)))
+        chosen: list[Path_] = []
+        covered: frozenset[int] = frozenset()
+        for w in fitting:
+            if len(chosen) < WITNESSES and (seen_in(w) - covered or seen_in(w) == need):
+                chosen.append(w)
+                covered |= seen_in(w)
+        if covered != need:
+            raise SystemExit(
+                f"values.yaml: {'.'.join(path)} has a non-empty default, but no scalar key came with it into "
+                "values.yaml, so a --reuse-values upgrade cannot tell whether the user removed it: add a "
+                "scalar key with it (e.g. an `enabled` switch)"
+            )
+        out[".".join(path)] = [".".join(w) for w in chosen]
+    return out
+
+
+def shared_prefix(a: Path_, b: Path_) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def history_sets() -> list[dict[str, Any]]:
+    return [yaml.safe_load(p.read_text()) or {} for p in sorted(HISTORY.glob("*.yaml"))]
+
+
+def defaults_text(values_text: str, history: list[dict[str, Any]]) -> str:
     body = yaml.safe_dump(fill_values(values_text), sort_keys=True, default_flow_style=False)
-    if "{{" in body or "}}" in body:
+    witnesses = yaml.safe_dump(removable(values_text, history), sort_keys=True, default_flow_style=False)
+    if "{{" in body + witnesses or "}}" in body + witnesses:
         raise SystemExit("values.yaml defaults must not contain template delimiters")
     return (
-        "{{- /* Generated by hack/chart_docs.py from values.yaml; do not edit. */}}\n"
-        '{{- define "podsnap.defaults" -}}\n' + body + "{{- end }}\n"
+        "{{- /* Generated by hack/chart_docs.py from values.yaml and the values of earlier versions\n"
+        "(tests/chart/upgrade-snapshots); do not edit. See podsnap.init in _helpers.tpl. */}}\n"
+        "{{- /* The defaults, filled into keys the release's chart did not have. */}}\n"
+        '{{- define "podsnap.defaults" -}}\n' + body + "{{- end }}\n\n"
+        "{{- /* Lists and maps with a non-empty default: the keys that show the release's chart had them. */}}\n"
+        '{{- define "podsnap.removable" -}}\n' + witnesses + "{{- end }}\n"
     )
 
 
@@ -186,7 +253,10 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"values.yaml: undocumented keys: {', '.join(missing)}", file=sys.stderr)
         return 1
-    wanted = {README: readme_text(README.read_text(), values_text), DEFAULTS: defaults_text(values_text)}
+    wanted = {
+        README: readme_text(README.read_text(), values_text),
+        DEFAULTS: defaults_text(values_text, history_sets()),
+    }
     stale = [path for path, text in wanted.items() if not path.exists() or path.read_text() != text]
     if args.check:
         for path in stale:

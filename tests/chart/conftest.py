@@ -3,11 +3,14 @@ whole matrix per session (timed), and figures printed at the end of the run."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import ModuleType
 from typing import Any, TypeVar
 
 import pytest
@@ -21,6 +24,19 @@ RELEASE = "podsnap"
 NAMESPACE = "podsnap-system"
 SCENARIOS = sorted(p.stem.removesuffix("-values") for p in (CHART / "ci").glob("*-values.yaml"))
 SNAPSHOTS = sorted((Path(__file__).parent / "upgrade-snapshots").glob("*.yaml"))
+
+
+def load_hack(name: str) -> ModuleType:
+    """A generator script of hack/ as a module."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "hack" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+DOCS = load_hack("chart_docs")
 
 Doc = dict[str, Any]
 Docs = list[Doc]

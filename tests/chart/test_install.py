@@ -8,19 +8,17 @@ printed, RBAC effective, and the release lifecycle (reuse-values upgrades, unins
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
 from podsnap import contract
-from tests.chart.conftest import CHART, FIGURES, NAMESPACE, RELEASE, REPO, SNAPSHOTS, run
+from tests.chart.conftest import CHART, FIGURES, NAMESPACE, RELEASE, REPO, run
 from tests.conftest import require_tool
 from tests.support.controlplane import ControlPlane
 
@@ -308,45 +306,6 @@ def test_reuse_values_upgrade_keeps_overrides_and_certificate(cluster: Cluster) 
     assert [r["status"] for r in json.loads(revision)] == ["superseded", "superseded", "deployed"]
 
 
-def old_chart(tmp_path: Path, snapshot: Path) -> Path:
-    """The chart as it was released at `snapshot`'s version: its values.yaml and version."""
-    copy = tmp_path / f"podsnap-{snapshot.stem}"
-    shutil.copytree(CHART, copy)
-    shutil.copy(snapshot, copy / "values.yaml")
-    meta = yaml.safe_load((copy / "Chart.yaml").read_text())
-    meta["version"] = snapshot.stem
-    (copy / "Chart.yaml").write_text(yaml.safe_dump(meta))
-    return copy
-
-
-@pytest.mark.parametrize("snapshot", SNAPSHOTS, ids=lambda p: p.stem)
-def test_real_reuse_values_upgrade_from_an_earlier_version(
-    cluster: Cluster, snapshot: Path, tmp_path: Path, helm3: str
-) -> None:
-    release, ns = f"old-{snapshot.stem.replace('.', '-')}", f"old-{snapshot.stem.replace('.', '-')}"
-    # users of both Helm majors: the oldest release is managed with Helm 3, the next with Helm 4
-    helm = helm3 if snapshot == SNAPSHOTS[0] else cluster.helm
-    cluster.kubectl("create", "namespace", ns)
-    # the CRDs belong to the first release; this one brings none (a value the upgrade must keep)
-    old = old_chart(tmp_path, snapshot)
-    cluster.helm_run("install", release, str(old), "-n", ns, "--set", "crds.enabled=false", helm=helm)
-    before = secret_data(cluster, ns, f"{release}-podsnap-webhook-tls")
-    cluster.helm_run("upgrade", release, str(CHART), "-n", ns, "--reuse-values", helm=helm)
-    objects = manifest_objects(cluster, release, ns)
-    assert "CustomResourceDefinition" not in {o["kind"] for o in objects}
-    # a key added after that version (seccomp in 0.2.0, health ports later) works with its default
-    cm = cluster.get("-n", ns, "configmap", f"{release}-podsnap-seccomp")
-    assert "io_uring_setup" in cm["data"]["profile.json"]
-    ds = cluster.get("-n", ns, "daemonset", f"{release}-podsnap-agent")
-    ports = {p["name"]: p["containerPort"] for p in ds["spec"]["template"]["spec"]["containers"][0]["ports"]}
-    assert ports["health"] == 8081
-    old_size = yaml.safe_load(snapshot.read_text())["storage"]["pvc"]["size"]
-    pvc = cluster.get("-n", ns, "pvc", f"{release}-podsnap-artifacts")
-    assert pvc["spec"]["resources"]["requests"]["storage"] == old_size
-    assert secret_data(cluster, ns, f"{release}-podsnap-webhook-tls") == before
-    cluster.helm_run("uninstall", release, "-n", ns, helm=helm)
-
-
 def test_uninstall_keeps_the_claim_and_the_crds(cluster: Cluster) -> None:
     cluster.helm_run("uninstall", RELEASE, "-n", NAMESPACE)
     assert cluster.kubectl("-n", NAMESPACE, "get", "deployment", "podsnap-operator", check=False).returncode != 0
@@ -357,9 +316,6 @@ def test_uninstall_keeps_the_claim_and_the_crds(cluster: Cluster) -> None:
         cluster.get("crd", f"{plural}.{contract.GROUP}")
     # and user objects survive with them
     assert cluster.get("-n", "examples", "snappolicy", "worker")["spec"]["startupPolicy"] == "WaitForCheckpoint"
-    for snapshot in SNAPSHOTS:
-        ns = f"old-{snapshot.stem.replace('.', '-')}"
-        cluster.get("-n", ns, "pvc", f"{ns}-podsnap-artifacts")
 
 
 def test_the_walkthrough_upgrade_can_be_repeated_with_a_values_file_that_removes_a_default_key(

@@ -3,18 +3,15 @@ that contradict each other; values.yaml, its schema, README table and fill defau
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 import yaml
 
-from tests.chart.conftest import CHART, FIGURES, REPO, parallel, render_error
+from tests.chart.conftest import CHART, DOCS, FIGURES, parallel, render_error
 
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
@@ -147,18 +144,6 @@ def test_schema_covers_every_value_and_nothing_else() -> None:
     walk(SCHEMA, ())
 
 
-def load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, REPO / "hack" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-DOCS = load("chart_docs")
-
-
 def test_readme_table_and_fill_defaults_are_generated_from_values_yaml() -> None:
     assert DOCS.main(["--check"]) == 0, "run: python hack/chart_docs.py"
 
@@ -177,12 +162,3 @@ def test_every_value_is_documented_and_in_the_readme() -> None:
 def test_docs_generator_flags_an_undocumented_key(tmp_path: Path) -> None:
     text = (CHART / "values.yaml").read_text() + "\nnewThing:\n  knob: 3\n"
     assert DOCS.undocumented(text) == ["newThing"]
-
-
-def test_fill_defaults_keep_scalars_and_empty_collections() -> None:
-    fill = DOCS.fill_values((CHART / "values.yaml").read_text())
-    assert fill["agent"]["priorityClassName"] == "system-node-critical"
-    assert fill["webhook"]["certManager"]["duration"] == "8760h"
-    # collections a user may clear with null fill in empty, never with the default
-    assert fill["agent"]["nodeSelector"] == {} and fill["agent"]["tolerations"] == []
-    assert fill["webhook"]["excludeNamespaces"] == []

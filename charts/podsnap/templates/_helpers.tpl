@@ -1,23 +1,64 @@
 {{/*
-podsnap.init fills keys missing from .Values with the chart's defaults (templates/_defaults.tpl,
-generated from values.yaml). `helm upgrade --reuse-values` renders a new chart with the previous
-release's values in place of the chart's values.yaml, so a key added in a later chart version would
-be missing; every template includes this first, and then reads .Values as usual. Keys the user set
-(false, "" and 0 included) are never replaced. Idempotent.
+podsnap.init fills keys missing from .Values; every template includes it first, then reads .Values as
+usual. Idempotent. A key is missing, or null, for one of two reasons:
+- `helm upgrade --reuse-values` renders a new chart with the previous release's values in place of
+  the chart's values.yaml, so a key added in a later chart version is missing: it gets its default
+  (templates/_defaults.tpl, generated from values.yaml), lists and maps included;
+- the user set it to null, Helm's only way to clear a default map. Helm deletes such a key, except
+  that `--reuse-values` may feed the stored null back as a null. A list or map the user removed
+  stays empty; a removed scalar gets its default.
+A list or map with a non-empty default tells the two apart by its "witnesses" (podsnap.removable):
+keys that came into values.yaml with it. When a witness is there (looked up before anything is
+filled), the release's chart had the key, so the user removed it.
+Keys the user set (false, "" and 0 included) are never replaced, and a list or map the user set is
+taken whole: a node selector, resources or affinity is the user's, never merged into.
 */}}
 {{- define "podsnap.init" -}}
-{{- include "podsnap.fill" (dict "dst" .Values "src" (include "podsnap.defaults" . | fromYaml)) -}}
+{{- $chartHad := dict -}}
+{{- range $path, $witnesses := include "podsnap.removable" . | fromYaml -}}
+{{- $had := false -}}
+{{- range $witness := $witnesses -}}
+{{- if eq (include "podsnap.hasValue" (dict "values" $.Values "path" $witness)) "true" -}}{{- $had = true -}}{{- end -}}
+{{- end -}}
+{{- $_ := set $chartHad $path $had -}}
+{{- end -}}
+{{- include "podsnap.fill" (dict "dst" .Values "prefix" "" "src" (include "podsnap.defaults" . | fromYaml) "chartHad" $chartHad) -}}
 {{- end }}
 
 {{- define "podsnap.fill" -}}
 {{- $dst := .dst -}}
+{{- $chartHad := .chartHad -}}
 {{- range $key, $default := .src -}}
-{{- if not (hasKey $dst $key) -}}
+{{- $path := ternary $key (printf "%s.%s" $.prefix $key) (eq $.prefix "") -}}
+{{- $missing := not (hasKey $dst $key) -}}
+{{- $null := and (not $missing) (kindIs "invalid" (get $dst $key)) -}}
+{{- if hasKey $chartHad $path -}}
+{{- if or $null (and $missing (get $chartHad $path)) -}}
+{{- $_ := set $dst $key (ternary list dict (kindIs "slice" $default)) -}}
+{{- else if $missing -}}
 {{- $_ := set $dst $key (deepCopy $default) -}}
-{{- else if and (kindIs "map" $default) (kindIs "map" (get $dst $key)) -}}
-{{- include "podsnap.fill" (dict "dst" (get $dst $key) "src" $default) -}}
+{{- end -}}
+{{- else if kindIs "map" $default -}}
+{{- if not (kindIs "map" (get $dst $key)) -}}{{- $_ := set $dst $key dict -}}{{- end -}}
+{{- include "podsnap.fill" (dict "dst" (get $dst $key) "prefix" $path "src" $default "chartHad" $chartHad) -}}
+{{- else if or $missing $null -}}
+{{- $_ := set $dst $key (deepCopy $default) -}}
 {{- end -}}
 {{- end -}}
+{{- end }}
+
+{{/* podsnap.hasValue: "true" when the dotted path is in the values and not null. */}}
+{{- define "podsnap.hasValue" -}}
+{{- $node := .values -}}
+{{- $found := true -}}
+{{- range $part := splitList "." .path -}}
+{{- if and $found (kindIs "map" $node) (hasKey $node $part) -}}
+{{- $node = get $node $part -}}
+{{- else -}}
+{{- $found = false -}}
+{{- end -}}
+{{- end -}}
+{{- and $found (not (kindIs "invalid" $node)) -}}
 {{- end }}
 
 {{/* The chart name, cut to 63 characters. */}}
@@ -153,6 +194,9 @@ podsnap.validate fails on values that contradict each other (the schema checks e
 {{- end }}
 {{- if not (or $pvc.create $pvc.existingClaim) }}
 {{- fail "storage.pvc.create is false but storage.pvc.existingClaim is empty: the agent needs an artifact claim; set one of them" }}
+{{- end }}
+{{- if and $pvc.create (not $pvc.accessModes) }}
+{{- fail "storage.pvc.accessModes is empty, and a claim needs at least one access mode: set e.g. storage.pvc.accessModes={ReadWriteMany}" }}
 {{- end }}
 {{- if and $pvc.existingClaim $pvc.name }}
 {{- fail "storage.pvc.name names a claim the chart would create, but storage.pvc.existingClaim is set: unset storage.pvc.name" }}
