@@ -35,13 +35,16 @@ def http_get(port: int, path: str = "/", timeout: float = 5.0) -> dict[str, Any]
 class Worker:
     """A detached tiny worker: its parent is init, not us."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, bulk_mib: int = 0) -> None:
         self.dir = workdir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         ready = self.dir / "ready"
         pidfile = self.dir / "pid"
-        cmd = f"echo $$ > {pidfile}; exec {sys.executable} {TINY_WORKER} {self.port} {ready} </dev/null >{self.dir}/log 2>&1"
+        cmd = (
+            f"echo $$ > {pidfile}; exec {sys.executable} {TINY_WORKER} {self.port} {ready} {bulk_mib} "
+            f"</dev/null >{self.dir}/log 2>&1"
+        )
         subprocess.run(["setsid", "-f", "sh", "-c", cmd], check=True)
         deadline = time.monotonic() + 20
         # the worker writes its init id into `ready`: wait for the content, not just the file
@@ -106,17 +109,18 @@ class Pod:
             timeout=60,
         )
 
-    def start_worker(self, workdir: Path) -> tuple[int, int, str]:
+    def start_worker(self, workdir: Path, bulk_mib: int = 0) -> tuple[int, int, str]:
         """Start a tiny worker inside, re-parented to the pod's PID 1: (port, namespace pid, init id)."""
         workdir.mkdir(parents=True, exist_ok=True)
         port = free_port()
         ready, pidfile = workdir / "ready", workdir / "pid"
         script = (
-            f"echo $$ > {pidfile}; exec {sys.executable} {TINY_WORKER} {port} {ready} </dev/null >{workdir}/log 2>&1"
+            f"echo $$ > {pidfile}; exec {sys.executable} {TINY_WORKER} {port} {ready} {bulk_mib} "
+            f"</dev/null >{workdir}/log 2>&1"
         )
         r = self.exec("setsid", "-f", "sh", "-c", script)
         assert r.returncode == 0, r.stderr
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while not (ready.exists() and ready.read_text()):
             if time.monotonic() > deadline:
                 raise TimeoutError("worker in pod did not start")

@@ -106,3 +106,29 @@ def test_a_criu_without_a_bundle_lib_dir_gets_its_libraries_into_the_pod(
     restored = restore(host_only / "snap", RestoreOptions(namespace_pid=dst.init_pid), criu=plain)
     assert restored.ns_pid == ns_pid
     assert http_get(port)["init_id"] == init_id
+
+
+def test_a_bulk_region_round_trips_between_pods_through_the_parallel_fill(
+    criu: Criu, pods: tuple[Pod, Pod, Path], tmp_path: Path
+) -> None:
+    """The fast restore in namespace mode: CRIU leaves the tree stopped inside the destination pod, the
+    fill writes through the host PIDs, and the tree resumes there with its namespace PIDs."""
+    src, dst, host_only = pods
+    port, ns_pid, init_id = src.start_worker(tmp_path / "worker", bulk_mib=192)
+    host_pid = proctree.host_pid_in_ns(ns_pid, src.init_pid)
+    assert host_pid is not None
+    before = http_get(port)
+    cap = capture(host_pid, host_only / "snap", CaptureOptions(namespace_pid=src.init_pid), criu=criu)
+    assert cap.manifest.bulk and {e.pid for e in cap.manifest.bulk} == {ns_pid}, "extents use namespace PIDs"
+
+    restored = restore(
+        host_only / "snap",
+        RestoreOptions(namespace_pid=dst.init_pid, expected_manifest_digest=cap.manifest_digest),
+        criu=criu,
+    )
+    assert "fill" in restored.timings_ms
+    assert restored.ns_pid == ns_pid and restored.pid != ns_pid
+    assert proctree.proc_info(restored.pid).ppid == dst.init_pid
+    assert proctree.state(restored.pid) != "T", "resumed after the fill"
+    after = http_get(port)
+    assert after["bulk"] == before["bulk"] and after["init_id"] == init_id

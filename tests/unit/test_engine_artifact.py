@@ -127,3 +127,62 @@ def test_remove_deletes_the_artifact(tmp_path: Path) -> None:
     out = _make(tmp_path / "a", {"criu/core-1.img": b"c"})
     art.remove(out)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_listed_file_replaced_by_a_symlink_is_refused_even_with_the_same_bytes(tmp_path: Path) -> None:
+    out = _make(tmp_path / "a", {"criu/core-1.img": b"c", "criu/pages-1.img": b"p"})
+    m = read_manifest(out)
+    (tmp_path / "elsewhere").write_bytes(b"c")
+    (out / "criu/core-1.img").unlink()
+    (out / "criu/core-1.img").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ArtifactError, match="a symlink; an artifact holds only regular files"):
+        verify(out, m)
+
+
+def test_a_symlinked_directory_or_manifest_is_refused(tmp_path: Path) -> None:
+    out = _make(tmp_path / "a", {"criu/core-1.img": b"c"})
+    m = read_manifest(out)
+    (out / "criu").rename(tmp_path / "real-criu")
+    (out / "criu").symlink_to(tmp_path / "real-criu")
+    with pytest.raises(ArtifactError, match="criu: a symlink"):
+        verify(out, m)
+    other = _make(tmp_path / "b", {"criu/core-1.img": b"c"})
+    (other / "manifest.json").rename(tmp_path / "m.json")
+    (other / "manifest.json").symlink_to(tmp_path / "m.json")
+    with pytest.raises(ArtifactError, match="a symlink"):
+        read_manifest(other)
+
+
+def test_an_unlisted_symlink_in_the_images_dir_is_refused(tmp_path: Path) -> None:
+    out = _make(tmp_path / "a", {"criu/core-1.img": b"c"})
+    (out / "criu/pstree.img").symlink_to("/etc/hostname")
+    with pytest.raises(ArtifactError, match="not listed"):
+        verify(out, read_manifest(out))
+
+
+def test_the_recorded_digest_is_compared_before_parsing(tmp_path: Path) -> None:
+    out = _make(tmp_path / "a", {"criu/core-1.img": b"c"})
+    digest = art.manifest_digest(out)
+    assert digest == "sha256:" + hashlib.sha256((out / "manifest.json").read_bytes()).hexdigest()
+    assert read_manifest(out, expected_digest=digest).processes[0].pid == 42
+    (out / "manifest.json").write_text("not even json")
+    with pytest.raises(ArtifactError, match="is not the recorded"):
+        read_manifest(out, expected_digest=digest)
+    with pytest.raises(ValueError, match="not a sha256 digest"):
+        read_manifest(out, expected_digest="sha256:abc")
+
+
+def test_deferred_files_get_only_their_size_and_type_checked(tmp_path: Path) -> None:
+    out = _make(tmp_path / "a", {"criu/core-1.img": b"c", "bulk/pages-1.raw": b"r" * 4096})
+    m = read_manifest(out)
+    (out / "bulk/pages-1.raw").write_bytes(b"R" * 4096)  # same size, other bytes: the fill's digests catch it
+    assert verify(out, m, deferred=["bulk/pages-1.raw"]) == 1
+    with pytest.raises(ArtifactError, match="tampered or corrupted"):
+        verify(out, m)
+    (out / "bulk/pages-1.raw").write_bytes(b"R")
+    with pytest.raises(ArtifactError, match="truncated"):
+        verify(out, m, deferred=["bulk/pages-1.raw"])
+    (out / "bulk/pages-1.raw").write_bytes(b"R" * 4096)
+    (out / "bulk/extra.raw").write_bytes(b"x")
+    with pytest.raises(ArtifactError, match="not listed"):
+        verify(out, m, deferred=["bulk/pages-1.raw"])

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from podsnap.engine import SCHEMA_VERSION, ArtifactError, FileEntry, GpuInfo, HostFacts, Manifest, ProcInfo
+from podsnap.engine._manifest import Extent
 
 
 def _manifest() -> Manifest:
@@ -42,7 +43,7 @@ def test_round_trip_keeps_every_field() -> None:
     again = Manifest.from_json(m.to_json())
     assert again == m
     data = json.loads(m.to_json())
-    assert data["schema"] == "podsnap.io/artifact" and data["schemaVersion"] == SCHEMA_VERSION
+    assert data["schema"] == "podsnap.io/artifact" and data["schemaVersion"] == 1, "no bulk: readable by podsnap 1"
     assert data["totals"] == {"files": 2, "bytes": 13, "memoryBytes": 10}
     assert again.root.ns_pid == 7
 
@@ -75,3 +76,51 @@ def test_bad_manifests_are_refused_naming_the_field(change: dict[str, object], m
 def test_not_json_is_refused() -> None:
     with pytest.raises(ArtifactError, match="not valid JSON"):
         Manifest.from_json("{", where="m.json")
+
+
+def _with_bulk() -> Manifest:
+    m = _manifest()
+    raw = FileEntry("bulk/pages-1.raw", 1 << 22, "ef" * 32)
+    extents = (
+        Extent(pid=7, vaddr=0x7F0000000000, length=1 << 21, file=raw.path, offset=0),
+        Extent(pid=8, vaddr=0x7F0000000000, length=1 << 20, file=raw.path, offset=1 << 21),
+    )
+    return Manifest(**{**m.__dict__, "files": (*m.files, raw), "bulk": extents})
+
+
+def test_bulk_extents_make_schema_2_and_round_trip() -> None:
+    m = _with_bulk()
+    data = json.loads(m.to_json())
+    assert data["schemaVersion"] == SCHEMA_VERSION == 2
+    assert data["bulk"]["extents"][1] == {
+        "pid": 8,
+        "vaddr": 0x7F0000000000,
+        "length": 1 << 20,
+        "file": "bulk/pages-1.raw",
+        "offset": 1 << 21,
+    }
+    assert Manifest.from_json(m.to_json()) == m
+    assert m.memory_bytes == 10 + (3 << 20) and m.bulk_files == ("bulk/pages-1.raw",)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d["bulk"]["extents"][0].update(pid=99), "pid 99 is not in process.tree"),
+        (lambda d: d["bulk"]["extents"][0].update(file="criu/pages-1.img"), "not a listed file under bulk/"),
+        (lambda d: d["bulk"]["extents"][0].update(file="bulk/other.raw"), "not a listed file under bulk/"),
+        (lambda d: d["bulk"]["extents"][0].update(vaddr=0x7F0000000001), "page-aligned"),
+        (lambda d: d["bulk"]["extents"][0].update(length=0), "length positive"),
+        (lambda d: d["bulk"]["extents"][1].update(offset=1 << 22), "beyond the end"),
+        (lambda d: d["bulk"]["extents"][1].update(pid=7), "overlap"),
+        (lambda d: d["bulk"].update(extents=[]), "needs a non-empty 'bulk.extents'"),
+        (lambda d: d.pop("bulk"), "needs a non-empty 'bulk.extents'"),
+        (lambda d: d.update(schemaVersion=1), "'bulk' section needs schemaVersion 2"),
+        (lambda d: d["bulk"].update(pageSize=65536), "pageSize"),
+    ],
+)
+def test_bad_bulk_sections_are_refused_naming_the_extent(mutate: object, message: str) -> None:
+    data = json.loads(_with_bulk().to_json())
+    mutate(data)  # type: ignore[operator]
+    with pytest.raises(ArtifactError, match=message):
+        Manifest.from_dict(data, where="/a/manifest.json")

@@ -11,11 +11,15 @@ Capture (host PIDs; CRIU >= 4 found via PODSNAP_CRIU, .tools/bin/criu, PATH)::
         extra={"pod": {"name": ..., "uid": ...}},  # free-form manifest sections
     ), progress=print)
     result.artifact, result.manifest, result.timings_ms, result.bytes_total, result.cuda_pids
+    result.manifest_digest                    # "sha256:...": record it, pass it back to restore
 
     Steps: cuInit(0); Lock(30 s) + Checkpoint every CUDA pid of the tree; CRIU dump into a staging dir
-    next to `out`; manifest (host facts, tree, CUDA pids, per-file sha256); fsync; rename to `out`.
-    CRIU's dump ends the source (`leave_running=True` keeps it: CUDA is restored + unlocked after the
-    dump). On any failure before that, CUDA is restored + unlocked so the source
+    next to `out`; cut: runs of >= 4 MiB of private anonymous memory (the CUDA checkpoint's host copy of
+    GPU memory, big heaps) leave CRIU's images for raw files under bulk/ (renamed, not copied; manifest
+    schema 2 lists them as extents; `fast_restore=False` keeps the schema 1 layout); manifest (host
+    facts, tree, CUDA pids, per-file sha256, per-64-MiB-chunk sha256 of large files); fsync; rename to
+    `out`. CRIU's dump ends the source (`leave_running=True` keeps it: CUDA is restored + unlocked after
+    the dump). On any failure before that, CUDA is restored + unlocked so the source
     keeps serving, the staging dir is removed, and CaptureError(phase=..., source_alive=...) is raised.
 
 Restore::
@@ -25,13 +29,18 @@ Restore::
         namespace_pid=placeholder_init_pid,   # restore inside the placeholder's namespaces + cgroups
         skip_compat=False,                    # True only for podsnap.io/skip-compat-check: "true"
         gpu_map=None,                         # {old_uuid: new_uuid}; default: same UUIDs, else by index
+        expected_manifest_digest=recorded,    # checked before the manifest is parsed
     ))
-    result.pid, result.ns_pid, result.pids, result.timings_ms, result.bytes_total, result.skipped_gates
+    result.pid, result.ns_pid, result.pids, result.timings_ms, result.phase_bytes, result.skipped_gates
 
-    Steps: verify every file's size + sha256 (ArtifactError names the file); gates arch, kernel, driver,
-    gpu-model, gpu-count, memory, memory-limit (when `memory_limit_bytes` is given)
-    (CompatibilityError(gate, expected, found)); CRIU restore -d with a
-    pidfile; CUDA Restore + Unlock. Any failure kills what was restored and raises RestoreError.
+    Steps: the manifest's digest (when given); every file regular (lstat) with its size, nothing unlisted
+    among the images; sha256 of every file but the bulk ones (ArtifactError names the file); gates arch,
+    kernel, driver, gpu-model, gpu-count, memory, memory-limit (when `memory_limit_bytes` is given)
+    (CompatibilityError(gate, expected, found)); CRIU restore -d with a pidfile (schema 2:
+    --leave-stopped, then `fill_workers` threads write the bulk extents into /proc/PID/mem, checking
+    each chunk's sha256 as they read it, then SIGCONT); CUDA Restore + Unlock. Any failure kills what
+    was restored (a bad chunk: ArtifactError naming it and its byte offset; else RestoreError).
+    A schema 1 artifact restores through CRIU alone; a newer schema is refused ("upgrade podsnap").
 
 Both take `progress=callable(Progress)` (phase, done, total bytes, finished) for long phases, and
 `cuda=`/`criu=` to inject a CudaCheckpointer or a Criu (tests, other drivers).
@@ -55,7 +64,8 @@ CompatibilityError, CaptureError, RestoreError. Messages are one or two sentence
 `error.log_path` names its full log (kept under `log_dir`, default the system temp dir) and
 `CriuError.log_tail` carries the last lines for a caller's own log.
 
-Also here: `read_manifest(dir)` and `verify(dir, manifest)` for the agent's status and GC,
+Also here: `read_manifest(dir)`, `verify(dir, manifest)` (every digest, bulk files too) and
+`manifest_digest(dir)` for the agent's status and GC,
 `check_compat(manifest, host_facts())` to report every failing gate, `remove_artifact(dir)`,
 `gpu_facts()` for diagnostics, and the process helpers the CLI and demo need around a round trip:
 `pid_exists(pid)`, `wait_gone(pid)`, `kill_tree(pids)`.
@@ -66,7 +76,7 @@ Layout: this facade re-exports from private modules (`_capture`, `_restore`, `_c
 
 from __future__ import annotations
 
-from podsnap.engine._artifact import read_manifest, verify
+from podsnap.engine._artifact import manifest_digest, read_manifest, verify
 from podsnap.engine._artifact import remove as remove_artifact
 from podsnap.engine._capture import capture
 from podsnap.engine._compat import GateFailure
@@ -135,6 +145,7 @@ __all__ = [
     "gpu_facts",
     "host_facts",
     "kill_tree",
+    "manifest_digest",
     "pid_exists",
     "read_manifest",
     "remove_artifact",

@@ -19,12 +19,13 @@ import contextlib
 import hashlib
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from podsnap.engine._manifest import CHUNK_BYTES, CRIU_DIR, MANIFEST_NAME, FileEntry, Manifest
+from podsnap.engine._manifest import BULK_DIR, CHUNK_BYTES, CRIU_DIR, MANIFEST_NAME, FileEntry, Manifest
 from podsnap.engine.errors import ArtifactError
 
 _CHUNK = 4 << 20
@@ -156,17 +157,75 @@ class Staging:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-def read_manifest(artifact: Path) -> Manifest:
+def parse_digest(value: str) -> str:
+    """The hex of a sha256 written `sha256:<hex>` (as the operator records it) or bare; ValueError otherwise."""
+    hexpart = value.removeprefix("sha256:").lower()
+    if len(hexpart) != 64 or any(c not in "0123456789abcdef" for c in hexpart):
+        raise ValueError(f"{value!r} is not a sha256 digest (sha256:<64 hex digits>)")
+    return hexpart
+
+
+def manifest_digest(artifact: Path) -> str:
+    """`sha256:<hex>` of the artifact's manifest.json: what a caller records to trust the artifact later."""
+    return f"sha256:{hashlib.sha256((artifact / MANIFEST_NAME).read_bytes()).hexdigest()}"
+
+
+def read_manifest(artifact: Path, *, expected_digest: str | None = None) -> Manifest:
+    """Parse `artifact`'s manifest. With `expected_digest` (sha256 of manifest.json, as recorded at capture)
+    the bytes are checked BEFORE anything in them is parsed: an artifact vouches for itself no longer."""
     path = artifact / MANIFEST_NAME
     if not artifact.is_dir():
         raise ArtifactError(f"{artifact}: no such artifact directory", path=str(artifact))
+    want = parse_digest(expected_digest) if expected_digest is not None else None
     try:
-        text = path.read_text()
+        _regular(artifact, MANIFEST_NAME)
+        raw = path.read_bytes()
     except FileNotFoundError as exc:
         raise ArtifactError(
             f"{path}: missing; {artifact} is not a complete artifact (a capture that never finished?)", path=str(path)
         ) from exc
+    if want is not None:
+        got = hashlib.sha256(raw).hexdigest()
+        if got != want:
+            raise ArtifactError(
+                f"{path}: sha256 {got[:16]}… is not the recorded {want[:16]}…: the artifact changed after its "
+                "capture, or is another snapshot's",
+                path=str(path),
+            )
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError as exc:
+        raise ArtifactError(f"{path}: not UTF-8 text ({exc})", path=str(path)) from exc
     return Manifest.from_json(text, where=str(path))
+
+
+def _regular(artifact: Path, rel: str) -> int:
+    """Size of the listed file `rel`, which must be a regular file reached through real directories only
+    (lstat on every component: a symlink could point a reader anywhere). ArtifactError otherwise."""
+    here = artifact
+    parts = rel.split("/")
+    for i, part in enumerate(parts):
+        here = here / part
+        st = here.lstat()  # FileNotFoundError: the caller says "missing"
+        last = i == len(parts) - 1
+        if (last and not stat.S_ISREG(st.st_mode)) or (not last and not stat.S_ISDIR(st.st_mode)):
+            kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file" if last else "not a directory"
+            raise ArtifactError(f"{here}: {kind}; an artifact holds only regular files", path=str(here))
+    return st.st_size
+
+
+def _unlisted(artifact: Path, top: str, listed: set[str]) -> None:
+    """Refuse anything under `top` (CRIU's images, the bulk files) that the manifest does not list:
+    CRIU reads images by name, so an extra one could change what is restored."""
+    root = artifact / top
+    if not root.exists():
+        return
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [*dirnames, *filenames]:
+            p = Path(dirpath) / name
+            rel = p.relative_to(artifact).as_posix()
+            if p.is_symlink() or (name in filenames and rel not in listed and rel not in _RUNTIME_FILES):
+                raise ArtifactError(f"{p}: not listed in the manifest (tampered artifact?)", path=str(p))
 
 
 def verify(
@@ -175,30 +234,34 @@ def verify(
     *,
     workers: int | None = None,
     progress: ByteProgress | None = None,
-    allow_unlisted: Iterable[str] = (),
+    deferred: Iterable[str] = (),
 ) -> int:
-    """Check every listed file's size and sha256, and that CRIU's dir holds nothing unlisted; return bytes."""
+    """Check every listed file (regular, its size, its sha256) and that the images and bulk dirs hold nothing
+    unlisted; return the bytes whose digests were checked.
+
+    `deferred` names listed files whose digests the caller checks itself while it reads them (a restore's
+    bulk files, verified chunk by chunk as they are written into the process): only type and size here.
+    """
     listed = {f.path: f for f in manifest.files}
     if not any(p.startswith(f"{CRIU_DIR}/") for p in listed):
         raise ArtifactError(f"{artifact / MANIFEST_NAME}: lists no CRIU images", path=str(artifact / MANIFEST_NAME))
     for entry in manifest.files:
         path = artifact / entry.path
         try:
-            size = path.stat().st_size
+            size = _regular(artifact, entry.path)
         except FileNotFoundError as exc:
             raise ArtifactError(f"{path}: listed in the manifest but missing", path=str(path)) from exc
         if size != entry.size:
             raise ArtifactError(
                 f"{path}: size {size} differs from the manifest's {entry.size} (truncated?)", path=str(path)
             )
-    # CRIU reads images by name: an extra image could change what is restored
-    allowed = set(allow_unlisted) | _RUNTIME_FILES
-    for p in _walk(artifact / CRIU_DIR):
-        rel = p.relative_to(artifact).as_posix()
-        if rel not in listed and rel not in allowed:
-            raise ArtifactError(f"{p}: not listed in the manifest (tampered artifact?)", path=str(p))
-    digests = _digests(artifact, list(listed), workers or default_workers(), progress)
-    for rel, entry in listed.items():
+    for top in (CRIU_DIR, BULK_DIR):
+        _unlisted(artifact, top, set(listed))
+    later = set(deferred)
+    now = [rel for rel in listed if rel not in later]
+    digests = _digests(artifact, now, workers or default_workers(), progress)
+    for rel in now:
+        entry = listed[rel]
         got, chunks = digests[rel]
         if got != entry.sha256:
             where = ""
@@ -210,7 +273,7 @@ def verify(
                 "(tampered or corrupted)",
                 path=str(artifact / rel),
             )
-    return sum(e.size for e in manifest.files)
+    return sum(listed[rel].size for rel in now)
 
 
 def remove(artifact: Path) -> None:

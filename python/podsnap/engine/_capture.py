@@ -1,7 +1,7 @@
 """The capture workflow, as phases sharing one Rollback:
 
-    inspect -> cuda_lock -> cuda_checkpoint -> criu_dump -> reap (or resume the source) ->
-    before_publish -> hash -> publish
+    inspect -> cuda_lock -> cuda_checkpoint -> criu_dump -> (resume the source, with leave_running) ->
+    cut (bulk memory out of CRIU's images, see _bulk) -> before_publish -> hash -> reap -> publish
 
 Until the dump succeeded, a failure gives the source its CUDA state back so it keeps serving; at any
 point it discards the staging dir. Nothing half-written is ever visible at `out`.
@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from podsnap.engine import _artifact as art
+from podsnap.engine import _bulk as bulk
 from podsnap.engine import _criu_runner as runner_mod
 from podsnap.engine import _proctree as proctree
 from podsnap.engine._criu_binary import find_binary
 from podsnap.engine._criu_runner import Criu
 from podsnap.engine._cuda import CudaCheckpointer, default_checkpointer
 from podsnap.engine._host import HostFacts, host_facts
-from podsnap.engine._manifest import Manifest
+from podsnap.engine._manifest import Extent, Manifest
 from podsnap.engine._options import CaptureOptions, CaptureResult, ProgressFn, Timer
 from podsnap.engine._proctree import STDIO_KEY, ProcInfo
 from podsnap.engine._rollback import Rollback
@@ -152,17 +153,32 @@ def _dump(src: _Source, opts: CaptureOptions, staging: art.Staging, timer: Timer
     return lines
 
 
-def _settle_source(src: _Source, opts: CaptureOptions, timer: Timer, rb: Rollback) -> None:
-    """Without leave_running: wait until the dead tree is reaped (its PIDs must be free for a restore).
-    With it: give the still-running source its CUDA state back."""
-    if not opts.leave_running:
-        with timer.phase("reap"):
-            for proc in src.tree:
-                proctree.wait_gone(proc.pid, timeout_s=30)
+def _resume_source(opts: CaptureOptions, rb: Rollback) -> None:
+    """With leave_running: the source still runs; give it its CUDA state back right away."""
+    if opts.leave_running:
+        problems = rb.resume_cuda()
+        if problems:
+            raise CaptureError("; ".join(problems), phase="cuda_resume", source_alive=True)
+
+
+def _reap(src: _Source, opts: CaptureOptions, timer: Timer) -> None:
+    """Without leave_running CRIU killed the tree: its PIDs are free for a restore only once its parent
+    reaped it. The kernel tears the dead tree down while cut and hash run, so this waits last."""
+    if opts.leave_running:
         return
-    problems = rb.resume_cuda()
-    if problems:
-        raise CaptureError("; ".join(problems), phase="cuda_resume", source_alive=True)
+    with timer.phase("reap"):
+        for proc in src.tree:
+            proctree.wait_gone(proc.pid, timeout_s=30)
+
+
+def _cut(src: _Source, opts: CaptureOptions, staging: art.Staging, timer: Timer) -> tuple[Extent, ...]:
+    """The fast restore's half at capture: large memory runs leave CRIU's images for raw bulk files."""
+    if not opts.fast_restore:
+        return ()
+    with timer.phase("cut"):
+        extents = bulk.cut(staging.path, {p.ns_pid for p in src.tree}, min_run=opts.bulk_min_run_bytes)
+        timer.set_done("cut", sum(e.length for e in extents))
+    return tuple(extents)
 
 
 def _extra_sections(src: _Source, opts: CaptureOptions, staging: art.Staging, timer: Timer) -> dict[str, Any]:
@@ -196,6 +212,7 @@ def _publish(
     files: tuple[art.FileEntry, ...],
     lines: list[str],
     extra: dict[str, Any],
+    extents: tuple[Extent, ...],
 ) -> tuple[Manifest, Path]:
     with timer.phase("publish"):
         manifest = Manifest(
@@ -210,6 +227,7 @@ def _publish(
             timings_ms={k: round(v, 3) for k, v in timer.timings.items()},
             extra=json.loads(json.dumps(extra)),
             created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            bulk=extents,
         )
         staging.write_manifest(manifest)
         return manifest, staging.publish()
@@ -240,10 +258,14 @@ def capture(
             staging = rb.staging = art.Staging(Path(out))
         _checkpoint_cuda(src, opts, timer, rb)
         lines = _dump(src, opts, staging, timer, rb)
-        _settle_source(src, opts, timer, rb)
+        _resume_source(opts, rb)
+        extents = _cut(src, opts, staging, timer)
         extra = _extra_sections(src, opts, staging, timer)
         files = _hash(staging, opts, timer)
-        manifest, published = _publish(src, opts, staging, timer, files=files, lines=lines, extra=extra)
+        _reap(src, opts, timer)
+        manifest, published = _publish(
+            src, opts, staging, timer, files=files, lines=lines, extra=extra, extents=extents
+        )
         rb.staging = None
         return CaptureResult(
             artifact=published,
@@ -252,6 +274,8 @@ def capture(
             bytes_total=manifest.total_bytes,
             bytes_memory=manifest.memory_bytes,
             cuda_pids=tuple(src.cuda_map),
+            manifest_digest=art.manifest_digest(published),
+            phase_bytes=dict(timer.bytes),
         )
     except BaseException as exc:
         problems = rb.undo()

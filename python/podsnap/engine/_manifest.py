@@ -2,11 +2,19 @@
 
 Versioned by `schemaVersion`; readers ignore unknown keys, so a newer writer's additions are safe, and
 refuse a newer schema version with the fix ("upgrade podsnap"). `extra` holds free-form sections other
-parts add (e.g. a later fast path listing weight shards, or a rootfs diff), keyed by section name.
+parts add (e.g. a rootfs diff), keyed by section name.
+
+  1  CRIU's images hold all of the process memory (every artifact before the fast restore, and any
+     capture with `fast_restore=False` or no large memory run).
+  2  adds `bulk.extents`: large runs of private anonymous memory cut out of CRIU's pages images into
+     raw files under `bulk/` (process, address, length, file, offset); a restore writes them into the
+     stopped tree itself, checking each file chunk's digest as it reads it. Written only when there
+     are extents, so an artifact without them stays readable by older podsnap.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,12 +25,16 @@ from podsnap.engine._proctree import ProcInfo
 from podsnap.engine.errors import ArtifactError
 
 SCHEMA: str = "podsnap.io/artifact"
-SCHEMA_VERSION: int = 1
+#: the newest schema this podsnap reads and writes
+SCHEMA_VERSION: int = 2
 MANIFEST_NAME: str = "manifest.json"
 #: files above this size are digested in chunks of this size (see artifact.py)
 CHUNK_BYTES: int = 64 << 20
 #: CRIU's images live under this directory of the artifact
 CRIU_DIR: str = "criu"
+#: raw memory cut out of CRIU's images (schema 2) lives under this directory
+BULK_DIR: str = "bulk"
+PAGE_SIZE: int = 4096
 
 
 @dataclass(frozen=True)
@@ -46,6 +58,23 @@ class FileEntry:
 
 
 @dataclass(frozen=True)
+class Extent:
+    """`length` bytes of process `pid`'s memory at `vaddr`, stored at `offset` of the artifact file `file`.
+
+    `pid` is the process as CRIU numbered it (its namespace PID: `ProcInfo.ns_pid`).
+    """
+
+    pid: int
+    vaddr: int
+    length: int
+    file: str
+    offset: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pid": self.pid, "vaddr": self.vaddr, "length": self.length, "file": self.file, "offset": self.offset}
+
+
+@dataclass(frozen=True)
 class Manifest:
     source: HostFacts
     #: the captured tree, root first; pids are host pids at capture time, nsPid as the pod saw them
@@ -63,20 +92,38 @@ class Manifest:
     extra: dict[str, Any] = field(default_factory=dict)
     created_at: str = ""
     podsnap_version: str = __version__
-    schema_version: int = SCHEMA_VERSION
+    #: memory runs kept out of CRIU's images (schema 2); empty: CRIU restores all memory itself
+    bulk: tuple[Extent, ...] = ()
+
+    @property
+    def schema_version(self) -> int:
+        return 2 if self.bulk else 1
 
     @property
     def root(self) -> ProcInfo:
         return self.processes[0]
 
     @property
+    def bulk_files(self) -> tuple[str, ...]:
+        return tuple(sorted({e.file for e in self.bulk}))
+
+    @property
+    def bulk_bytes(self) -> int:
+        return sum(e.length for e in self.bulk)
+
+    @property
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
 
     @property
+    def criu_pages_bytes(self) -> int:
+        """The pages CRIU itself restores."""
+        return sum(f.size for f in self.files if f.path.startswith(f"{CRIU_DIR}/pages-"))
+
+    @property
     def memory_bytes(self) -> int:
         """Host memory a restore needs: the dumped pages (GPU memory included, it travels in them)."""
-        return sum(f.size for f in self.files if f.path.startswith(f"{CRIU_DIR}/pages-"))
+        return self.criu_pages_bytes + self.bulk_bytes
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -97,7 +144,7 @@ class Manifest:
             "totals": {"files": len(self.files), "bytes": self.total_bytes, "memoryBytes": self.memory_bytes},
             "timingsMs": dict(self.timings_ms),
             "extra": dict(self.extra),
-        }
+        } | ({"bulk": {"pageSize": PAGE_SIZE, "extents": [e.to_dict() for e in self.bulk]}} if self.bulk else {})
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
@@ -136,9 +183,11 @@ class Manifest:
                 chunks = tuple(str(c) for c in f.get("chunks") or ())
                 files.append(FileEntry(path=path, size=int(f["size"]), sha256=str(f["sha256"]), chunks=chunks))
             criu = data.get("criu") or {}
+            processes = tuple(tree)
+            bulk = _extents(data.get("bulk"), version, processes, files, where)
             return cls(
                 source=HostFacts.from_dict(data.get("source") or {}),
-                processes=tuple(tree),
+                processes=processes,
                 cuda_pids=tuple(int(p) for p in proc.get("cudaPids") or ()),
                 cuda_gpu_uuids=tuple(str(u) for u in proc.get("cudaGpuUuids") or ()),
                 files=tuple(files),
@@ -149,7 +198,7 @@ class Manifest:
                 extra=dict(data.get("extra") or {}),
                 created_at=str(data.get("createdAt", "")),
                 podsnap_version=str(data.get("podsnapVersion", "")),
-                schema_version=version,
+                bulk=bulk,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ArtifactError(f"{where}: malformed manifest ({type(exc).__name__}: {exc})", path=where) from exc
@@ -161,3 +210,46 @@ class Manifest:
         except json.JSONDecodeError as exc:
             raise ArtifactError(f"{where}: not valid JSON ({exc})", path=where) from exc
         return cls.from_dict(data, where=where)
+
+
+def _extents(
+    section: Any, version: int, processes: tuple[ProcInfo, ...], files: list[FileEntry], where: str
+) -> tuple[Extent, ...]:
+    """The `bulk` section, checked against the rest of the manifest: every extent must name a process of
+    the tree, a listed file under bulk/ and a page-aligned range inside it; no two may overlap."""
+    if version == 1:
+        if section is not None:
+            raise ArtifactError(f"{where}: a 'bulk' section needs schemaVersion 2, this one says 1", path=where)
+        return ()
+    if not isinstance(section, dict) or not section.get("extents"):
+        raise ArtifactError(f"{where}: schemaVersion {version} needs a non-empty 'bulk.extents'", path=where)
+    if section.get("pageSize", PAGE_SIZE) != PAGE_SIZE:
+        raise ArtifactError(f"{where}: bulk.pageSize {section.get('pageSize')!r} is not {PAGE_SIZE}", path=where)
+    sizes = {f.path: f.size for f in files}
+    pids = {p.ns_pid for p in processes}
+    out: list[Extent] = []
+    for i, e in enumerate(section["extents"]):
+        ext = Extent(
+            pid=int(e["pid"]),
+            vaddr=int(e["vaddr"]),
+            length=int(e["length"]),
+            file=str(e["file"]),
+            offset=int(e["offset"]),
+        )
+        bad = ""
+        if ext.pid not in pids:
+            bad = f"pid {ext.pid} is not in process.tree"
+        elif not ext.file.startswith(f"{BULK_DIR}/") or ext.file not in sizes:
+            bad = f"file {ext.file!r} is not a listed file under {BULK_DIR}/"
+        elif ext.length <= 0 or min(ext.vaddr, ext.offset) < 0 or (ext.vaddr | ext.length | ext.offset) % PAGE_SIZE:
+            bad = "vaddr, length and offset must be page-aligned, length positive"
+        elif ext.offset + ext.length > sizes[ext.file]:
+            bad = f"bytes {ext.offset}..{ext.offset + ext.length} lie beyond the end of {ext.file}"
+        if bad:
+            raise ArtifactError(f"{where}: bulk.extents[{i}]: {bad}", path=where)
+        out.append(ext)
+    ordered = sorted(out, key=lambda x: (x.pid, x.vaddr))
+    for a, b in itertools.pairwise(ordered):
+        if a.pid == b.pid and a.vaddr + a.length > b.vaddr:
+            raise ArtifactError(f"{where}: bulk extents of pid {a.pid} overlap at {b.vaddr:#x}", path=where)
+    return tuple(out)

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from podsnap.engine._artifact import parse_digest
 from podsnap.engine._compat import GateFailure
 from podsnap.engine._criu_config import CriuOptions
 from podsnap.engine._cuda import DEFAULT_LOCK_TIMEOUT_MS
-from podsnap.engine._manifest import Manifest
+from podsnap.engine._manifest import PAGE_SIZE, Manifest
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,15 @@ class CaptureOptions:
     #: where CRIU's work dir (config, log) is made; kept when CRIU fails and named in the error
     #: (default: the system temp dir). On success the dump log goes into the artifact's logs/.
     log_dir: Path | None = None
+    #: cut large memory runs out of CRIU's images so a restore writes them in parallel (schema 2);
+    #: False writes the schema 1 layout, which every podsnap restores
+    fast_restore: bool = True
+    #: the smallest run of private anonymous memory worth moving out of CRIU's images
+    bulk_min_run_bytes: int = 4 << 20
+
+    def __post_init__(self) -> None:
+        if self.bulk_min_run_bytes < PAGE_SIZE:
+            raise ValueError(f"CaptureOptions.bulk_min_run_bytes {self.bulk_min_run_bytes}: at least one page")
 
 
 @dataclass(frozen=True)
@@ -81,6 +91,20 @@ class RestoreOptions:
     hash_workers: int | None = None
     #: hook run after digests and gates passed, before CRIU restores (e.g. apply a rootfs diff)
     before_restore: Callable[[Path, Manifest], None] | None = None
+    #: sha256 of manifest.json as recorded at capture (`sha256:<hex>`, CaptureResult.manifest_digest):
+    #: checked before anything in the artifact is parsed. None trusts the artifact's own manifest.
+    expected_manifest_digest: str | None = None
+    #: threads writing the bulk memory of a schema-2 artifact into the stopped tree (None: cores, at most 16)
+    fill_workers: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.expected_manifest_digest is not None:
+            try:
+                parse_digest(self.expected_manifest_digest)
+            except ValueError as exc:
+                raise ValueError(f"RestoreOptions.expected_manifest_digest: {exc}") from None
+        if self.fill_workers is not None and self.fill_workers < 1:
+            raise ValueError(f"RestoreOptions.fill_workers {self.fill_workers}: at least 1")
 
 
 @dataclass(frozen=True)
@@ -90,9 +114,13 @@ class CaptureResult:
     #: phase -> milliseconds (inspect, cuda_lock, cuda_checkpoint, criu_dump, hash, publish, total)
     timings_ms: dict[str, float]
     bytes_total: int
-    #: host memory the dump holds (CRIU pages, GPU memory included)
+    #: host memory the dump holds (CRIU pages and bulk extents, GPU memory included)
     bytes_memory: int
     cuda_pids: tuple[int, ...]
+    #: `sha256:<hex>` of manifest.json: record it, and pass it as RestoreOptions.expected_manifest_digest
+    manifest_digest: str = ""
+    #: phase -> bytes it handled (criu_dump: images written, cut: memory moved to bulk files, hash: hashed)
+    phase_bytes: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -104,12 +132,17 @@ class RestoreResult:
     #: host PIDs of the restored tree, root first, in the manifest's order (where still found)
     pids: tuple[int, ...]
     manifest: Manifest
-    #: phase -> milliseconds (read_manifest, verify, compat, criu_restore, cuda_restore, cuda_unlock, total)
+    #: phase -> milliseconds (read_manifest, verify, compat, criu_restore, fill, resume, cuda_restore,
+    #: cuda_unlock, total); fill and resume only for a schema-2 artifact
     timings_ms: dict[str, float]
+    #: the artifact's size
     bytes_total: int
     cuda_pids: tuple[int, ...]
     #: gates that failed but were skipped by skip_compat
     skipped_gates: tuple[GateFailure, ...] = ()
+    #: phase -> bytes it handled (verify: hashed before CRIU ran, criu_restore: CRIU's pages, fill: bulk
+    #: memory written and digest-checked): rates are these over timings_ms
+    phase_bytes: dict[str, int] = field(default_factory=dict)
 
 
 class Timer:
@@ -122,6 +155,8 @@ class Timer:
         self._done: dict[str, int] = {}
         #: the phase running, or the last one started: where a failure happened
         self.current = ""
+        #: phase -> bytes it reported done at its end (phases that handle bytes)
+        self.bytes: dict[str, int] = {}
 
     def report(self, phase: str, done: int = 0, total: int = 0, *, finished: bool = False, start: float = 0.0) -> None:
         if self.progress is not None:
@@ -140,6 +175,8 @@ class Timer:
         finally:
             self.timings[name] = self.timings.get(name, 0.0) + (time.perf_counter() - start) * 1000
         done = self._done.pop(name, total)
+        if done:
+            self.bytes[name] = done
         self.report(name, done, done, finished=True, start=start)
 
     def set_done(self, name: str, done: int) -> None:

@@ -202,6 +202,22 @@ def kill_tree(pids: list[int], *, timeout_s: float = 5.0) -> None:
         time.sleep(0.02)
 
 
+def wait_stopped(pids: list[int], *, timeout_s: float = 10.0) -> list[int]:
+    """Wait until every one of `pids` is stopped (state T); return those that are not, at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        running = [p for p in pids if state(p) != "T"]
+        if not running or time.monotonic() > deadline:
+            return running
+        time.sleep(0.005)
+
+
+def resume(pids: list[int]) -> None:
+    """SIGCONT each of `pids` (a tree left stopped by `criu restore --leave-stopped`)."""
+    for pid in pids:
+        os.kill(pid, signal.SIGCONT)
+
+
 def wait_gone(pid: int, *, timeout_s: float = 10.0) -> bool:
     """Wait until `pid` has exited AND been reaped (its PID free again); reap it if it is our child."""
     deadline = time.monotonic() + timeout_s

@@ -1,9 +1,13 @@
 """The restore workflow, as phases sharing one Rollback:
 
-    read_manifest -> verify -> compat -> before_restore -> criu_restore -> cuda_restore -> cuda_unlock
+    read_manifest -> verify -> compat -> before_restore -> criu_restore ->
+    [fill -> resume: schema 2 only] -> cuda_restore -> cuda_unlock
 
-Nothing runs before the artifact is verified and the gates passed; from the moment CRIU starts, any
-failure (or interruption) kills every process restored so far, so no half-restored worker serves.
+A schema-2 artifact keeps its bulk memory outside CRIU's images (see _bulk): CRIU restores the rest and
+leaves the tree stopped, `fill` writes the bulk in parallel while checking each chunk's digest (so those
+files skip `verify`), and `resume` lets the tree run. Nothing runs before the artifact is verified and
+the gates passed; from the moment CRIU starts, any failure (or interruption) kills every process
+restored so far, so no half-restored worker serves and none is left behind.
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from podsnap.engine import _artifact as art
+from podsnap.engine import _bulk as bulk
 from podsnap.engine import _compat as compat
 from podsnap.engine import _criu_runner as runner_mod
 from podsnap.engine import _proctree as proctree
+from podsnap.engine._artifact import default_workers
 from podsnap.engine._compat import GateFailure
 from podsnap.engine._criu_binary import find_binary
 from podsnap.engine._criu_config import inherit_line
@@ -76,7 +82,7 @@ class _Restored:
 
 def _load(artifact: Path, opts: RestoreOptions, timer: Timer) -> Manifest:
     with timer.phase("read_manifest"):
-        manifest = art.read_manifest(artifact)
+        manifest = art.read_manifest(artifact, expected_digest=opts.expected_manifest_digest)
     if manifest.namespaced != (opts.namespace_pid is not None):
         want = "inside a destination's namespaces (namespace_pid)" if manifest.namespaced else "on the host"
         raise RestoreError(
@@ -89,12 +95,15 @@ def _load(artifact: Path, opts: RestoreOptions, timer: Timer) -> Manifest:
 def _verify(run: _Run) -> int:
     timer = run.timer
     with timer.phase("verify", run.manifest.total_bytes) as start:
-        return art.verify(
+        nbytes = art.verify(
             run.artifact,
             run.manifest,
             workers=run.opts.hash_workers,
             progress=lambda done, total: timer.report("verify", done, total, start=start),
+            deferred=run.manifest.bulk_files,  # checked chunk by chunk as `fill` reads them
         )
+        timer.set_done("verify", nbytes)
+        return nbytes
 
 
 def _gates(run: _Run) -> tuple[HostFacts, list[GateFailure]]:
@@ -154,11 +163,11 @@ def _stdio_inherit(run: _Run) -> dict[int, str]:
 
 def _criu_restore(run: _Run, runner: Criu) -> _Restored:
     artifact, manifest, opts, timer = run.artifact, run.manifest, run.opts, run.timer
-    with timer.phase("criu_restore", manifest.memory_bytes) as start:
+    pages = manifest.criu_pages_bytes
+    with timer.phase("criu_restore", pages) as start:
 
         def monitor(criu_pid: int) -> None:
-            done = min(proctree.bytes_read(criu_pid), manifest.memory_bytes)
-            timer.report("criu_restore", done, manifest.memory_bytes, start=start)
+            timer.report("criu_restore", min(proctree.bytes_read(criu_pid), pages), pages, start=start)
 
         inherit = _stdio_inherit(run)
         try:
@@ -171,6 +180,7 @@ def _criu_restore(run: _Run, runner: Criu) -> _Restored:
                     join_cgroups=opts.join_cgroups,
                     net_ns=opts.net_ns,
                     inherit=inherit,
+                    leave_stopped=bool(manifest.bulk),  # filled, then resumed, by the phases below
                     monitor=monitor,
                 )
         finally:
@@ -186,6 +196,30 @@ def _criu_restore(run: _Run, runner: Criu) -> _Restored:
         if root_host is None:
             raise RestoreError(f"CRIU reported pid {root_ns} but no such process is alive", phase="criu_restore")
     return _Restored(root_ns=root_ns, root_host=root_host, hosts=hosts)
+
+
+def _fill(run: _Run, tree: _Restored) -> None:
+    """Write the bulk memory into the stopped tree, many threads at once, each chunk digest-checked."""
+    manifest, timer = run.manifest, run.timer
+    with timer.phase("fill", manifest.bulk_bytes) as start:
+        by_criu_pid = {p.ns_pid: tree.hosts[p.pid] for p in manifest.processes if p.pid in tree.hosts}
+        lost = sorted({e.pid for e in manifest.bulk} - by_criu_pid.keys())
+        if lost:
+            raise RestoreError(f"process(es) {lost} of the bulk memory were not restored", phase="fill")
+        running = proctree.wait_stopped(list(tree.hosts.values()))
+        if running:
+            raise RestoreError(f"pid(s) {running} run although CRIU was told to leave them stopped", phase="fill")
+        written = bulk.fill(
+            run.artifact,
+            manifest.bulk,
+            {f.path: f for f in manifest.files},
+            by_criu_pid,
+            workers=run.opts.fill_workers or default_workers(),
+            progress=lambda done, total: timer.report("fill", done, total, start=start),
+        )
+        timer.set_done("fill", written)
+    with timer.phase("resume"):
+        proctree.resume(list(tree.hosts.values()))
 
 
 def _restore_cuda(run: _Run, tree: _Restored, cp: CudaCheckpointer | None, host: HostFacts) -> list[int]:
@@ -224,13 +258,15 @@ def restore(
     timer = Timer(progress)
     manifest = _load(artifact, opts, timer)
     run = _Run(artifact, manifest, opts, timer, Rollback())
-    nbytes = _verify(run)
+    _verify(run)
     host, skipped = _gates(run)
     _before_restore(run)
     cp = _cuda_for(manifest, cuda)
     runner = criu or Criu(find_binary(opts.criu_binary))
     try:
         tree = _criu_restore(run, runner)
+        if manifest.bulk:
+            _fill(run, tree)
         cuda_new = _restore_cuda(run, tree, cp, host)
         restored, run.rb.restored = tuple(run.rb.restored), []
         return RestoreResult(
@@ -239,9 +275,10 @@ def restore(
             pids=restored,
             manifest=manifest,
             timings_ms=timer.finish(),
-            bytes_total=nbytes,
+            bytes_total=manifest.total_bytes,
             cuda_pids=tuple(cuda_new),
             skipped_gates=tuple(skipped),
+            phase_bytes=dict(timer.bytes),
         )
     except BaseException as exc:
         # never leave a half-restored process serving, even when interrupted

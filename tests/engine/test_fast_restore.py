@@ -1,0 +1,185 @@
+"""The fast restore on real processes and real CRIU: bulk memory cut out of CRIU's images at capture and
+written back into the stopped tree by many threads, each chunk digest-checked, before the tree runs.
+
+The worker holds a region of random bytes in one anonymous mapping (what a CUDA checkpoint leaves in a
+worker's host memory); it answers with the sha256 of that region recomputed now, so equal answers before
+and after mean a bit-exact restore.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from podsnap.engine import (
+    ArtifactError,
+    CaptureOptions,
+    Criu,
+    Progress,
+    RestoreOptions,
+    capture,
+    read_manifest,
+    restore,
+    verify,
+)
+from podsnap.engine import _proctree as proctree
+from podsnap.engine._manifest import CHUNK_BYTES
+
+from .helpers import Worker, http_get
+
+pytestmark = pytest.mark.slow
+
+#: the manifest keys schema 1 has always had (podsnap before the fast restore wrote exactly these)
+V1_KEYS = {
+    "schema",
+    "schemaVersion",
+    "podsnapVersion",
+    "createdAt",
+    "source",
+    "process",
+    "criu",
+    "chunkBytes",
+    "files",
+    "totals",
+    "timingsMs",
+    "extra",
+}
+
+
+@pytest.fixture
+def big(tmp_path: Path) -> Iterator[Worker]:
+    w = Worker(tmp_path / "big", bulk_mib=320)
+    yield w
+    w.kill()
+
+
+def _gone(worker: Worker) -> None:
+    assert proctree.wait_gone(worker.pid, timeout_s=10), "no restored process may be left behind"
+    with pytest.raises(OSError):
+        http_get(worker.port, timeout=1)
+
+
+@pytest.mark.parametrize("bulk_mib", [16, 320], ids=["one-chunk-file", "multi-chunk-file"])
+def test_a_large_anonymous_region_comes_back_bit_exact_through_the_parallel_fill(
+    criu: Criu, tmp_path: Path, bulk_mib: int
+) -> None:
+    worker = Worker(tmp_path / "w", bulk_mib=bulk_mib)
+    try:
+        before = worker.get()
+        cap = capture(worker.pid, tmp_path / "art", criu=criu)
+        m = cap.manifest
+        assert m.schema_version == 2 and m.bulk, "the region left CRIU's images"
+        assert m.bulk_bytes >= bulk_mib << 20
+        assert cap.phase_bytes["cut"] == m.bulk_bytes
+        assert sum(f.size for f in m.files if f.path.startswith("criu/pages-")) < 64 << 20, "CRIU keeps the rest"
+        assert json.loads((tmp_path / "art" / "manifest.json").read_text())["schemaVersion"] == 2
+
+        restored = restore(
+            tmp_path / "art", RestoreOptions(expected_manifest_digest=cap.manifest_digest, fill_workers=4), criu=criu
+        )
+        assert restored.pid == worker.pid
+        assert {"criu_restore", "fill", "resume"} <= set(restored.timings_ms)
+        assert restored.phase_bytes["fill"] == m.bulk_bytes
+        assert restored.phase_bytes["verify"] < m.total_bytes - m.bulk_bytes + (1 << 20), "bulk files skip verify"
+        after = worker.get()
+        assert after["bulk"] == before["bulk"], "the region is bit-exact"
+        assert after["init_id"] == before["init_id"] and after["requests"] == before["requests"] + 1
+    finally:
+        worker.kill()
+
+
+def _flip(path: Path, offset: int) -> None:
+    with path.open("r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_a_tampered_chunk_is_refused_naming_the_chunk_and_nothing_is_left_running(
+    criu: Criu, big: Worker, tmp_path: Path
+) -> None:
+    cap = capture(big.pid, tmp_path / "art", criu=criu)
+    (extent,) = cap.manifest.bulk
+    raw = tmp_path / "art" / extent.file
+    assert extent.offset < 2 * CHUNK_BYTES < extent.offset + extent.length, "chunk 2 holds region bytes"
+    _flip(raw, 2 * CHUNK_BYTES + 12345)
+    with pytest.raises(ArtifactError, match=rf"chunk 2 \(bytes {2 * CHUNK_BYTES}\.\.{3 * CHUNK_BYTES}\)") as err:
+        restore(tmp_path / "art", criu=criu)
+    assert err.value.path == str(raw)
+    _gone(big)
+    with pytest.raises(ArtifactError, match=f"first bad chunk at byte {2 * CHUNK_BYTES}"):
+        verify(tmp_path / "art", read_manifest(tmp_path / "art"))
+
+
+def test_a_failure_in_the_middle_of_the_fill_leaves_no_process_behind(criu: Criu, big: Worker, tmp_path: Path) -> None:
+    capture(big.pid, tmp_path / "art", criu=criu)
+    seen: list[Progress] = []
+
+    class Interrupted(Exception):
+        pass
+
+    def progress(p: Progress) -> None:
+        # the seam: a caller's progress callback that raises mid-fill aborts the restore like any failure
+        if p.phase == "fill" and p.done > 0 and not p.finished:
+            seen.append(p)
+            if len(seen) == 2:
+                raise Interrupted
+
+    with pytest.raises(Interrupted):
+        restore(tmp_path / "art", RestoreOptions(fill_workers=2), criu=criu, progress=progress)
+    assert 0 < seen[-1].done < seen[-1].total, "it failed in the middle"
+    _gone(big)
+    # the artifact itself is fine: a second restore succeeds
+    restore(tmp_path / "art", criu=criu)
+    assert "bulk" in big.get()
+
+
+def test_without_the_fast_path_capture_writes_the_v1_layout_which_restores_through_criu_alone(
+    criu: Criu, big: Worker, tmp_path: Path
+) -> None:
+    before = big.get()
+    cap = capture(big.pid, tmp_path / "art", CaptureOptions(fast_restore=False), criu=criu)
+    data = json.loads((tmp_path / "art" / "manifest.json").read_text())
+    assert data["schemaVersion"] == 1 and set(data) == V1_KEYS
+    assert not (tmp_path / "art" / "bulk").exists() and cap.manifest.bulk == ()
+    restored = restore(tmp_path / "art", criu=criu)
+    assert "fill" not in restored.timings_ms
+    assert big.get()["bulk"] == before["bulk"]
+
+
+def test_the_recorded_manifest_digest_is_checked_before_the_manifest_is_parsed(
+    criu: Criu, worker: Worker, tmp_path: Path
+) -> None:
+    cap = capture(worker.pid, tmp_path / "art", criu=criu)
+    shutil.copytree(tmp_path / "art", tmp_path / "other")
+    manifest = tmp_path / "other" / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"nsPid"', '"nsPid" ', 1))  # same meaning, other bytes
+    with pytest.raises(ArtifactError, match="is not the recorded"):
+        restore(tmp_path / "other", RestoreOptions(expected_manifest_digest=cap.manifest_digest), criu=criu)
+    manifest.write_text("{not json")
+    with pytest.raises(ArtifactError, match="is not the recorded"):
+        restore(tmp_path / "other", RestoreOptions(expected_manifest_digest=cap.manifest_digest), criu=criu)
+    with pytest.raises(ValueError, match="expected_manifest_digest"):
+        RestoreOptions(expected_manifest_digest="md5:1234")
+    restore(tmp_path / "art", RestoreOptions(expected_manifest_digest=cap.manifest_digest.upper()[7:]), criu=criu)
+    assert worker.get()["init_id"] == worker.init_id
+
+
+def test_a_newer_schema_is_refused_saying_why(criu: Criu, big: Worker, tmp_path: Path) -> None:
+    capture(big.pid, tmp_path / "art", criu=criu)
+    path = tmp_path / "art" / "manifest.json"
+    data = json.loads(path.read_text())
+    data["schemaVersion"] = 3
+    path.write_text(json.dumps(data))
+    with pytest.raises(ArtifactError, match=r"schemaVersion 3 is newer than this podsnap understands \(2\)"):
+        restore(tmp_path / "art", criu=criu)
+    data["schemaVersion"] = 1  # an older podsnap's layout cannot carry bulk extents: refused, not half-restored
+    path.write_text(json.dumps(data))
+    with pytest.raises(ArtifactError, match="'bulk' section needs schemaVersion 2"):
+        restore(tmp_path / "art", criu=criu)
+    assert not proctree.is_alive(big.pid)
