@@ -73,7 +73,8 @@ def test_a_large_anonymous_region_comes_back_bit_exact_through_the_parallel_fill
         cap = capture(worker.pid, tmp_path / "art", criu=criu)
         m = cap.manifest
         assert m.schema_version == 2 and m.bulk, "the region left CRIU's images"
-        assert m.bulk_bytes >= bulk_mib << 20
+        # all of it, but for at most one CRIU entry (<= 1 MiB) at an edge shared with another kind of mapping
+        assert m.bulk_bytes >= (bulk_mib - 2) << 20
         assert cap.phase_bytes["cut"] == m.bulk_bytes
         assert sum(f.size for f in m.files if f.path.startswith("criu/pages-")) < 64 << 20, "CRIU keeps the rest"
         assert json.loads((tmp_path / "art" / "manifest.json").read_text())["schemaVersion"] == 2

@@ -112,6 +112,16 @@ def test_adjacent_entries_coalesce_and_offsets_count_only_present_pages() -> Non
     assert runs_of(entries, vmas, 3 * MIB) == [], "runs below the threshold stay in CRIU's image"
 
 
+def test_an_entry_across_two_adjacent_anonymous_mappings_stays_in_the_run() -> None:
+    """CRIU's entries do not stop at VMA boundaries: one may begin in the mapping below a region."""
+    base = 0x7F0000000000
+    entries = [entry(base - 8 * PAGE_SIZE, 195), entry(base + 187 * PAGE_SIZE, 256)]
+    below, region = (base - MIB, base, ANON_RW), (base, base + 2 * MIB, ANON_RW)
+    assert runs_of(entries, [below, region], MIB) == [(base - 8 * PAGE_SIZE, 451 * PAGE_SIZE, 0)]
+    ro_below = (base - MIB, base, (1, ANON_RW[1]))
+    assert runs_of(entries, [ro_below, region], MIB) == [(base + 187 * PAGE_SIZE, MIB, 195 * PAGE_SIZE)]
+
+
 def test_a_gap_in_memory_or_a_non_anonymous_mapping_ends_a_run() -> None:
     base = 0x7F0000000000
     gap = [entry(base, 256), entry(base + 257 * PAGE_SIZE, 256)]

@@ -57,12 +57,19 @@ class _Run:
 
 
 def _eligible(vmas: list[Vma]) -> Callable[[PagemapEntry], bool]:
-    ok = sorted((v for v in vmas if v.anon_private_rw), key=lambda v: v.start)
-    starts = [v.start for v in ok]
+    """Is an entry wholly inside plain anonymous rw memory? CRIU's entries do not stop at VMA boundaries
+    (one may start in the VMA below a region), so adjacent eligible VMAs count as one span."""
+    spans: list[list[int]] = []
+    for v in sorted((v for v in vmas if v.anon_private_rw), key=lambda v: v.start):
+        if spans and spans[-1][1] == v.start:
+            spans[-1][1] = v.end
+        else:
+            spans.append([v.start, v.end])
+    starts = [s[0] for s in spans]
 
     def inside(e: PagemapEntry) -> bool:
         i = bisect.bisect_right(starts, e.vaddr) - 1
-        return i >= 0 and e.vaddr + e.length <= ok[i].end
+        return i >= 0 and e.vaddr + e.length <= spans[i][1]
 
     return inside
 
