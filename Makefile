@@ -53,7 +53,7 @@ test-e2e: setup cluster-up ## the user's flow on the local single-node Kubernete
 demo: setup ## capture -> restore -> request of the demo worker on this host, with a timing table
 	$(ROOT)/.venv/bin/podsnap demo $(DEMO_ARGS)
 
-bench-gpu: ## on the GPU machine: cold start vs restore at 1, 8 and 32 GiB, JSON out
+bench-gpu: ## on the GPU machine: cold start vs restore at 8 and 32 GiB, eager/compiled, transparent/cooperative, JSON out
 	$(ROOT)/bench/run-gpu.sh
 
 cluster-up: setup ## a real single-node Kubernetes on this machine (containerd, kubelet, local images)

@@ -1,12 +1,21 @@
-"""Cold start vs restore of the demo worker on the GPU, at several weight sizes, with and without compile.
+"""Cold start vs restore of the demo worker on the GPU: 8 and 32 GiB, eager and compiled, both restore paths.
 
-One run measures, in this order: the machine's facts, pinned host->device copy speed (torch), then
-for each size (default 1, 8, 32 GiB) and each variant (eager, compile) one round trip of
-`podsnap.demo._roundtrip`: cold start from a weights file in page cache (tmpfs) -> capture ->
-restore -> first answer, bit-exactness checked. The JSON is rewritten after every case, so a run cut
-short still returns what it measured. The side-by-side table is printed last.
+One run (`make bench-gpu` = bench/run-gpu.sh) measures, in this order:
+  1. the machine's facts and the floor: pinned host->device copy speed (torch), measured in this run;
+  2. for each size, each path and each variant, one round trip of `podsnap.demo.round_trip`: cold start
+     (the worker reads its weights from a tmpfs file: page cache) -> capture -> restore -> first answer,
+     bit-exactness checked (same weights checksum, tokens, answer, init id, pid).
+Paths: `transparent` (any worker; the engine's fast restore: bulk memory written back in parallel) and
+`cooperative` (the worker hands its weights to the SDK: released before the checkpoint, streamed back at
+resume; runs first at each size since it reloads from the weights file). Every engine phase is timed
+with the bytes it handled (the engine's progress reports), so each one prints with its rate. The JSON
+is rewritten after every case, so a run cut short still returns what it measured; the side-by-side
+table and issue 9's targets are printed last.
 
-usage: bench/run-gpu.sh [--sizes 1,8,32] [--variants eager,compile]   (JSON: $OUT/bench.json, else bench/results/)
+usage: bench/run-gpu.sh [--sizes 8,32] [--variants eager,compile] [--paths transparent,cooperative]
+       (JSON: $OUT/bench.json when OUT is set, else bench/results/gpu-<time>.json)
+CPU dry run of the whole pipeline (no GPU, no torch; numpy weights generated in the worker):
+       python bench/gpu_bench.py --device cpu --sizes 0.25 --variants eager
 """
 
 from __future__ import annotations
@@ -29,12 +38,23 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "python"))
 
-from podsnap.demo._roundtrip import round_trip  # noqa: E402
+from podsnap.demo import round_trip  # noqa: E402
+from podsnap.engine import Progress  # noqa: E402
 
 GIB = float(1 << 30)
 #: the naive sequence measured before podsnap: 8 GiB of weights restored in 9 s
 NAIVE_8GIB_RESTORE_S = 9.0
 NAIVE_EFFECTIVE_GIBPS = 1.2
+#: the demo worker's arguments per restore path (the hook for another path: one more entry)
+PATHS: dict[str, list[str]] = {"transparent": [], "cooperative": ["--cooperative"]}
+#: issue 9's "done when", per path: 8 GiB eager restore -> first answer (s), effective GiB/s (8 and 32 GiB),
+#: restore / cold start for eager and for compiled
+TARGETS: dict[str, dict[str, float]] = {
+    "transparent": {"eager_8gib_s": 3.0, "effective_GiBps": 3.0, "eager_ratio": 0.5, "compile_ratio": 0.25},
+    "cooperative": {"eager_8gib_s": 1.5, "effective_GiBps": 10.0, "eager_ratio": 0.25, "compile_ratio": 0.12},
+}
+CAPTURE_PHASES = ("cuda_lock", "cuda_checkpoint", "criu_dump", "cut", "hash", "reap", "publish")
+RESTORE_PHASES = ("verify", "compat", "criu_restore", "fill", "resume", "cuda_restore", "cuda_unlock")
 
 
 def sh(cmd: str) -> str:
@@ -84,84 +104,149 @@ def pinned_h2d_gbps(gib: int = 4, reps: int = 5) -> float:
     return n / times[len(times) // 2] / 1e9
 
 
-def rate(nbytes: int | None, ms: float | None) -> float | None:
-    if not nbytes or not ms:
-        return None
-    return nbytes / GIB / (ms / 1000)
+class PhaseLog:
+    """The engine's `progress=` callback: each phase's last report (seconds, bytes done, of total)."""
+
+    def __init__(self) -> None:
+        self.phases: dict[str, dict[str, float]] = {}
+
+    def __call__(self, p: Progress) -> None:
+        if p.finished:
+            self.phases[p.phase] = {"s": p.elapsed_ms / 1000, "bytes": p.done, "of": p.total}
 
 
-def summarize(size: float, variant: str, r: dict[str, Any]) -> dict[str, Any]:
-    cap, res = r["capture"], r["restore"]
-    ct, rt = cap["timings_ms"], res["timings_ms"]
-    gpu = r.get("gpu_bytes") or int(size * GIB)
-    mem = cap["bytes_memory"]
-    phases = {
-        "cuda_checkpoint": {"s": ct.get("cuda_checkpoint", 0) / 1000, "GiBps": rate(gpu, ct.get("cuda_checkpoint"))},
-        "criu_dump": {"s": ct.get("criu_dump", 0) / 1000, "GiBps": rate(mem, ct.get("criu_dump"))},
-        "hash": {"s": ct.get("hash", 0) / 1000, "GiBps": rate(cap["bytes_total"], ct.get("hash"))},
-        "verify": {"s": rt.get("verify", 0) / 1000, "GiBps": rate(res["bytes_total"], rt.get("verify"))},
-        "criu_restore": {"s": rt.get("criu_restore", 0) / 1000, "GiBps": rate(mem, rt.get("criu_restore"))},
-        "cuda_restore": {"s": rt.get("cuda_restore", 0) / 1000, "GiBps": rate(gpu, rt.get("cuda_restore"))},
-        "resume": {"s": res["resume_s"], "GiBps": None},
-    }
+def gibps(nbytes: float | None, seconds: float | None) -> float | None:
+    return nbytes / GIB / seconds if nbytes and seconds else None
+
+
+def phase_table(log: dict[str, dict[str, float]], names: tuple[str, ...], gpu: int) -> dict[str, dict[str, Any]]:
+    """name -> s, bytes, GiB/s; the CUDA phases' rate is over the GPU memory they moved."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in names:
+        if name not in log:
+            continue
+        entry = log[name]
+        nbytes = gpu if name in ("cuda_checkpoint", "cuda_restore") else entry["bytes"]
+        out[name] = {"s": entry["s"], "bytes": int(nbytes), "GiBps": gibps(nbytes, entry["s"])}
+        if name == "cut":
+            out[name]["large_runs_bytes"] = int(entry["of"])
+    return out
+
+
+def summarize(size: float, variant: str, path: str, r: dict[str, Any], *, log: PhaseLog, h2d: float) -> dict[str, Any]:
+    gpu = int(r.get("gpu_bytes") or size * GIB)
+    restore_s = r["restore_s"]
     return {
         "weights_gib": size,
         "variant": variant,
+        "path": path,
+        "namespaces": r.get("namespaces", False),
         "gpu_bytes": gpu,
-        "artifact_bytes": cap["bytes_total"],
-        "memory_bytes": mem,
+        "artifact_bytes": r["capture"]["bytes_total"],
+        "memory_bytes": r["capture"]["bytes_memory"],
         "cold_start_s": r["cold_start_s"],
-        "worker_phases_s": r["before"]["health"]["phases_s"],
+        "worker_phases_s": r["before"]["health"].get("phases_s"),
         "capture_s": r["capture_s"],
-        "restore_s": r["restore_s"],
+        "restore_s": restore_s,
         "restore_over_cold": r["restore_over_cold"],
-        "restore_effective_GiBps": size / r["restore_s"],
-        "restore_without_hashing_s": r["restore_s"] - phases["verify"]["s"],
-        "h2d_floor_s": None,
-        "phases": phases,
+        "effective_GiBps": gpu / GIB / restore_s,
+        "floor_s": gpu / (h2d * 1e9) if h2d else None,
+        "capture_phases": phase_table(log.phases, CAPTURE_PHASES, gpu),
+        "restore_phases": phase_table(log.phases, RESTORE_PHASES, gpu),
+        # restore-context + restore-complete, the worker's resume hooks (a cooperative reload), first answer
+        "resume_to_answer_s": r["restore"]["resume_s"],
+        "cooperative": r["after"]["health"].get("cooperative"),
         "bit_exact": r["bit_exact"],
         "same_worker": r["same_worker"],
     }
 
 
+def verdicts(case: dict[str, Any]) -> dict[str, bool]:
+    """Issue 9's targets this case can be held to."""
+    t = TARGETS.get(case["path"])
+    if not t:
+        return {}
+    out = {
+        "effective_GiBps": case["effective_GiBps"] >= t["effective_GiBps"],
+        "ratio": case["restore_over_cold"] <= t[f"{case['variant']}_ratio"],
+    }
+    if case["weights_gib"] == 8 and case["variant"] == "eager":
+        out["eager_8gib_s"] = case["restore_s"] <= t["eager_8gib_s"]
+    return out
+
+
+def phase_line(title: str, phases: dict[str, dict[str, Any]]) -> str:
+    parts = []
+    for name, p in phases.items():
+        rate = f" {p['GiBps']:.1f} GiB/s" if p.get("GiBps") and p["bytes"] > (64 << 20) else ""
+        extra = f" of {p['large_runs_bytes'] / GIB:.1f}" if name == "cut" else ""
+        size = f" {p['bytes'] / GIB:.2f}{extra} GiB" if name in ("cut", "fill", "criu_dump", "criu_restore") else ""
+        parts.append(f"{name} {p['s']:.2f}s{size}{rate}")
+    return f"    {title:<8} " + " | ".join(parts)
+
+
+def case_lines(c: dict[str, Any]) -> list[str]:
+    head = (
+        f"  {c['weights_gib']:g} GiB {c['path']} {c['variant']}: cold {c['cold_start_s']:.2f}s, "
+        f"capture {c['capture_s']:.2f}s, restore {c['restore_s']:.2f}s ({c['restore_over_cold']:.2f}x cold, "
+        f"{c['effective_GiBps']:.2f} GiB/s effective, floor {c['floor_s'] or 0:.2f}s), "
+        f"{'bit-exact' if c['bit_exact'] and c['same_worker'] else 'NOT BIT-EXACT'}"
+    )
+    return [
+        head,
+        phase_line("capture", c["capture_phases"]),
+        phase_line("restore", c["restore_phases"]) + f" | resume->answer {c['resume_to_answer_s']:.2f}s",
+    ]
+
+
 def table(doc: dict[str, Any]) -> str:
     h2d = doc.get("pinned_h2d_GBps")
     head = (
-        "weights  variant  cold s  capture s  restore s  rest/cold  eff GiB/s  "
-        "ckpt GiB/s  dump GiB/s  hash s  verify s  crestore GiB/s  cudarest GiB/s  floor s  exact"
+        "weights  path         variant  cold s  capture s  restore s  rest/cold  eff GiB/s  floor s  "
+        "fill GiB/s  cuda-rest s  exact  targets"
     )
     lines = [head, "-" * len(head)]
     for c in doc["cases"]:
         if "error" in c:
-            lines.append(f"{c['weights_gib']:>5g}G  {c['variant']:<7}  ERROR {c['error'][:100]}")
+            lines.append(f"{c['weights_gib']:>5g}G  {c['path']:<11}  {c['variant']:<7}  ERROR {c['error'][:90]}")
             continue
-        p = c["phases"]
-
-        def g(name: str, p: dict[str, Any] = p) -> str:
-            v = p[name]["GiBps"]
-            return f"{v:.2f}" if v else "-"
-
+        fill = c["restore_phases"].get("fill", {}).get("GiBps")
+        cuda = c["restore_phases"].get("cuda_restore", {}).get("s")
+        met = c.get("targets", {})
         lines.append(
-            f"{c['weights_gib']:>5g}G  {c['variant']:<7}  {c['cold_start_s']:6.2f}  {c['capture_s']:9.2f}  "
-            f"{c['restore_s']:9.2f}  {c['restore_over_cold']:9.2f}  {c['restore_effective_GiBps']:9.2f}  "
-            f"{g('cuda_checkpoint'):>10}  {g('criu_dump'):>10}  {p['hash']['s']:6.2f}  {p['verify']['s']:8.2f}  "
-            f"{g('criu_restore'):>14}  {g('cuda_restore'):>14}  "
-            f"{(c['h2d_floor_s'] or 0):7.2f}  {'yes' if c['bit_exact'] and c['same_worker'] else 'NO'}"
+            f"{c['weights_gib']:>5g}G  {c['path']:<11}  {c['variant']:<7}  {c['cold_start_s']:6.2f}  "
+            f"{c['capture_s']:9.2f}  {c['restore_s']:9.2f}  {c['restore_over_cold']:9.2f}  "
+            f"{c['effective_GiBps']:9.2f}  {c['floor_s'] or 0:7.2f}  {fill or 0:10.1f}  {cuda or 0:11.2f}  "
+            f"{'yes' if c['bit_exact'] and c['same_worker'] else 'NO':>5}  "
+            + (" ".join(f"{k}={'ok' if v else 'MISS'}" for k, v in met.items()) or "-")
         )
     lines.append("")
     lines.append(
-        f"reference: naive restore of 8 GiB = {NAIVE_8GIB_RESTORE_S:.0f} s ({NAIVE_EFFECTIVE_GIBPS} GiB/s effective); "
-        f"pinned host->device here = {h2d:.1f} GB/s (floor s = weights / that rate)"
+        f"floor s = GPU bytes / pinned host->device {h2d:.1f} GB/s measured in this run; "
         if h2d
-        else "reference: naive restore of 8 GiB = 9 s (1.2 GiB/s effective)"
+        else "floor: not measured; "
+    )
+    lines[-1] += (
+        f"reference: naive 8 GiB restore {NAIVE_8GIB_RESTORE_S:.0f} s ({NAIVE_EFFECTIVE_GIBPS} GiB/s effective); "
+        "targets: issue 9 (8 GiB eager restore, effective GiB/s, restore/cold)"
     )
     return "\n".join(lines)
 
 
+def plan(sizes: list[float], paths: list[str], variants: list[str]) -> list[tuple[float, str, str]]:
+    """Cooperative cases first at each size: they reload from the weights file, which the transparent ones
+    free before their capture at large sizes (tmpfs file + checkpointed process + images exceed the RAM)."""
+    order = sorted(paths, key=lambda p: p != "cooperative")
+    return [(size, path, variant) for size in sizes for path in order for variant in variants]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    ap.add_argument("--sizes", default="1,8,32", help="weight sizes in GiB, comma-separated")
+    ap.add_argument("--sizes", default="8,32", help="weight sizes in GiB, comma-separated")
     ap.add_argument("--variants", default="eager,compile", help="eager and/or compile")
+    ap.add_argument("--paths", default="transparent,cooperative", help=f"restore paths: {', '.join(PATHS)}")
+    ap.add_argument("--namespaces", action="store_true", help="each worker in a pod-like sandbox (as in pods)")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: a dry run of the pipeline")
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
     ap.add_argument("--scratch", type=Path, default=Path("/dev/shm/podsnap-bench"), help="weights file + artifacts")
     ap.add_argument("--out", type=Path, default=None, help="JSON file (default $OUT/bench.json or bench/results/)")
@@ -171,20 +256,22 @@ def main() -> int:
         default="keep",
         help="set transparent huge pages for the run (this machine's kernel; restored afterwards)",
     )
-    ap.add_argument("--budget-s", type=float, default=420.0, help="skip cases that would start after this many s")
+    ap.add_argument("--budget-s", type=float, default=450.0, help="skip cases that would start after this many s")
     ap.add_argument(
         "--drop-file-from-gib",
         type=float,
         default=16.0,
-        help="free the tmpfs weights file before capture from this size",
+        help="transparent cases from this size free the tmpfs weights file before their capture",
     )
     a = ap.parse_args()
     t_start = time.monotonic()
     sizes = [float(s) for s in a.sizes.split(",") if s]
     variants = [v for v in a.variants.split(",") if v]
-    bad = [v for v in variants if v not in {"eager", "compile"}]
-    if bad:
+    paths = [p for p in a.paths.split(",") if p]
+    if bad := [v for v in variants if v not in {"eager", "compile"}]:
         ap.error(f"--variants: unknown {bad}; use eager and/or compile")
+    if bad := [p for p in paths if p not in PATHS]:
+        ap.error(f"--paths: unknown {bad}; use {', '.join(PATHS)}")
     if a.out is not None:
         out = a.out
     elif os.environ.get("OUT"):
@@ -197,9 +284,9 @@ def main() -> int:
         "machine": machine_facts(),
         "command": " ".join(sys.argv),
         "reference": {"naive_8gib_restore_s": NAIVE_8GIB_RESTORE_S, "naive_effective_GiBps": NAIVE_EFFECTIVE_GIBPS},
+        "targets": TARGETS,
         "cases": [],
     }
-
     thp_file = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     thp_before = None
     if a.thp != "keep":
@@ -208,101 +295,102 @@ def main() -> int:
         doc["machine"]["thp"] = thp_file.read_text().strip()
     print(json.dumps(doc["machine"], indent=1), flush=True)
     try:
-        return run_cases(a, doc, out, sizes=sizes, variants=variants, t_start=t_start)
+        return run_cases(a, doc, out, plan(sizes, paths, variants), t_start=t_start)
     finally:
         if thp_before is not None:
             thp_file.write_text(thp_before)
 
 
 def run_cases(
-    a: argparse.Namespace, doc: dict[str, Any], out: Path, *, sizes: list[float], variants: list[str], t_start: float
+    a: argparse.Namespace, doc: dict[str, Any], out: Path, cases: list[tuple[float, str, str]], *, t_start: float
 ) -> int:
     def save() -> None:
+        doc["elapsed_s"] = time.monotonic() - t_start
         out.write_text(json.dumps(doc, indent=1))
 
-    doc["pinned_h2d_GBps"] = pinned_h2d_gbps()
-    print(f"pinned host->device: {doc['pinned_h2d_GBps']:.1f} GB/s", flush=True)
+    cuda = a.device == "cuda"
+    doc["pinned_h2d_GBps"] = pinned_h2d_gbps() if cuda else None
+    if cuda:
+        print(f"pinned host->device: {doc['pinned_h2d_GBps']:.1f} GB/s (the floor)", flush=True)
     save()
-
     shutil.rmtree(a.scratch, ignore_errors=True)
     a.scratch.mkdir(parents=True)
     weights = a.scratch / "weights.bin"
     doc["weights_file_writes"] = []
+    biggest = max(c[0] for c in cases)
 
     def ensure_weights(size: float) -> None:
-        """One file serves every size (a worker reads its prefix); rewritten when a big case dropped it."""
-        need = int(size * GIB)
-        if weights.exists() and weights.stat().st_size >= need:
+        """One file serves every size (a worker reads its prefix); rewritten when a large case freed it."""
+        if not cuda or (weights.exists() and weights.stat().st_size >= int(size * GIB)):
             return
         t = time.monotonic()
         subprocess.run(
             [
-                sys.executable,
-                "-m",
-                "podsnap.demo",
-                "--device",
-                "cuda",
-                "--write-weights",
-                str(weights),
-                "--weights-gib",
-                str(max(sizes)),
-                "--dtype",
-                a.dtype,
+                *(sys.executable, "-m", "podsnap.demo", "--device", "cuda", "--write-weights", str(weights)),
+                *("--weights-gib", str(biggest), "--dtype", a.dtype),
             ],
             check=True,
             env={**os.environ, "PYTHONPATH": str(REPO / "python")},
         )
         took = time.monotonic() - t
         doc["weights_file_writes"].append({"bytes": weights.stat().st_size, "s": took})
-        print(f"weights file {weights.stat().st_size / GIB:.1f} GiB written to {weights} in {took:.1f}s", flush=True)
+        print(f"weights file {weights.stat().st_size / GIB:.1f} GiB written in {took:.1f}s", flush=True)
 
     def drop_weights() -> None:
-        # tmpfs file + checkpointed process + CRIU images would each hold the weights: ~3x RAM at 32 GiB
         weights.unlink(missing_ok=True)
 
     env = {**os.environ, "PYTHONPATH": str(REPO / "python")}
-    for size in sizes:
-        for variant in variants:
-            elapsed = time.monotonic() - t_start
-            if elapsed > a.budget_s:
-                doc["cases"].append({"weights_gib": size, "variant": variant, "error": f"skipped: {elapsed:.0f}s used"})
-                save()
-                continue
-            args = ["--device", "cuda", "--weights-gib", str(size), "--dtype", a.dtype, "--weights-file", str(weights)]
-            if variant == "compile":
-                args.append("--compile")
-            work = a.scratch / f"{size:g}-{variant}"
-            print(f"== {size:g} GiB {variant}", flush=True)
-            try:
-                ensure_weights(size)
-                r = round_trip(
-                    work,
-                    args,
-                    port=free_port(),
-                    env=env,
-                    progress=lambda m: print(f"   {m}", flush=True),
-                    after_cold_start=drop_weights if size >= a.drop_file_from_gib else None,
-                )
-                case = summarize(size, variant, r)
-                if doc.get("pinned_h2d_GBps"):
-                    case["h2d_floor_s"] = size * GIB / (doc["pinned_h2d_GBps"] * 1e9)
-                case["raw"] = r
-            except Exception as e:
-                traceback.print_exc()
-                case = {"weights_gib": size, "variant": variant, "error": f"{type(e).__name__}: {e}"[:4000]}
-                # only failures bring their worker's log back: few files may come back from the device
-                with contextlib.suppress(OSError):
-                    shutil.copy(work / "worker.log", out.parent / f"worker-{size:g}-{variant}.log")
-            finally:
-                shutil.rmtree(work, ignore_errors=True)
-            doc["cases"].append(case)
+    for size, path, variant in cases:
+        elapsed = time.monotonic() - t_start
+        if elapsed > a.budget_s:
+            doc["cases"].append(
+                {"weights_gib": size, "variant": variant, "path": path, "error": f"skipped: {elapsed:.0f}s used"}
+            )
             save()
+            continue
+        args = ["--device", a.device, "--weights-gib", str(size)]
+        args += ["--dtype", a.dtype, "--weights-file", str(weights)] if cuda else []
+        args += ["--compile"] if variant == "compile" else []
+        args += PATHS[path]
+        work = a.scratch / f"{size:g}-{path}-{variant}"
+        print(f"== {size:g} GiB {path} {variant}", flush=True)
+        log = PhaseLog()
+        try:
+            ensure_weights(size)
+            drop = path == "transparent" and size >= a.drop_file_from_gib
+            r = round_trip(
+                work,
+                args,
+                port=free_port(),
+                env=env,
+                progress=lambda m: print(f"   {m}", flush=True),
+                after_cold_start=drop_weights if drop else None,
+                engine_progress=log,
+                namespaces=a.namespaces,
+            )
+            case = summarize(size, variant, path, r, log=log, h2d=doc["pinned_h2d_GBps"] or 0.0)
+            case["targets"] = verdicts(case)
+            case["raw"] = r
+            print("\n".join(case_lines(case)), flush=True)
+        except Exception as e:
+            traceback.print_exc()
+            case = {"weights_gib": size, "variant": variant, "path": path, "error": f"{type(e).__name__}: {e}"[:4000]}
+            case["phases_seen"] = log.phases
+            # only failures bring their worker's log back: few files may come back from the device
+            with contextlib.suppress(OSError):
+                shutil.copy(work / "worker.log", out.parent / f"worker-{size:g}-{path}-{variant}.log")
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        doc["cases"].append(case)
+        save()
     shutil.rmtree(a.scratch, ignore_errors=True)
-    doc["elapsed_s"] = time.monotonic() - t_start
     save()
     print(f"\nJSON: {out}\n")
     print(table(doc), flush=True)
-    return 0 if all("error" not in c and c["bit_exact"] for c in doc["cases"]) else 1
+    for c in doc["cases"]:
+        if "error" not in c:
+            print("\n".join(case_lines(c)))
+    return 0 if all("error" not in c and c["bit_exact"] and c["same_worker"] for c in doc["cases"]) else 1
 
 
 if __name__ == "__main__":

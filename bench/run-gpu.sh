@@ -1,5 +1,6 @@
 #!/bin/bash
-# `make bench-gpu`: cold start vs restore of the demo worker at 1, 8 and 32 GiB, eager and compiled,
+# `make bench-gpu`: cold start vs restore of the demo worker at 8 and 32 GiB, eager and compiled, through
+# the transparent and the cooperative restore paths, side by side, with the floor (pinned host->device),
 # on a machine with an NVIDIA GPU, the CUDA checkpoint API (driver >= 570), CRIU >= 4 and root.
 # Needs a python3 with torch + cuda-bindings (PYTHON=... to choose one); podsnap comes from python/.
 # CRIU: PODSNAP_CRIU, else the bundle carried to .device/criu, else the engine's own lookup.

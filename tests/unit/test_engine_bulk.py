@@ -120,6 +120,8 @@ def test_an_entry_across_two_adjacent_anonymous_mappings_stays_in_the_run() -> N
     assert runs_of(entries, [below, region], MIB) == [(base - 8 * PAGE_SIZE, 451 * PAGE_SIZE, 0)]
     ro_below = (base - MIB, base, (1, ANON_RW[1]))
     assert runs_of(entries, [ro_below, region], MIB) == [(base + 187 * PAGE_SIZE, MIB, 195 * PAGE_SIZE)]
+    parsed = tuple(PagemapEntry.parse(e) for e in entries)
+    assert [r.length for r in bulk.find_runs(parsed, None, MIB)[0]] == [451 * PAGE_SIZE], "every mapping counts"
 
 
 def test_a_gap_in_memory_or_a_non_anonymous_mapping_ends_a_run() -> None:
@@ -146,8 +148,9 @@ def test_cut_moves_the_run_out_without_copying_it_and_criu_keeps_the_rest(tmp_pa
     (criu / f"mm-{pid}.img").write_bytes(image(MM_MAGIC, [mm]))
     ino = (criu / "pages-7.img").stat().st_ino
 
-    extents = bulk.cut(tmp_path, {pid}, min_run=MIB)
-    assert extents == [Extent(pid=pid, vaddr=base, length=2 * MIB, file="bulk/pages-7.raw", offset=PAGE_SIZE)]
+    done = bulk.cut(tmp_path, {pid}, min_run=MIB)
+    assert done.large_bytes == 2 * MIB
+    assert done.extents == [Extent(pid=pid, vaddr=base, length=2 * MIB, file="bulk/pages-7.raw", offset=PAGE_SIZE)]
     raw = tmp_path / "bulk" / "pages-7.raw"
     assert raw.stat().st_ino == ino, "the original pages image was renamed, not copied"
     assert raw.read_bytes()[PAGE_SIZE : PAGE_SIZE + 2 * MIB] == big
@@ -165,8 +168,8 @@ def test_cut_leaves_processes_outside_the_tree_and_small_images_alone(tmp_path: 
     (criu / "pages-1.img").write_bytes(b"x" * PAGE_SIZE)
     (criu / "mm-5.img").write_bytes(image(MM_MAGIC, [vma(0x1000, 0x2000, ANON_RW)]))
     before = {p.name: p.read_bytes() for p in criu.iterdir()}
-    assert bulk.cut(tmp_path, {5}, min_run=MIB) == []
-    assert bulk.cut(tmp_path, {6}, min_run=PAGE_SIZE) == []
+    assert bulk.cut(tmp_path, {5}, min_run=MIB) == bulk.Cut([], 0)
+    assert bulk.cut(tmp_path, {6}, min_run=PAGE_SIZE) == bulk.Cut([], 0)
     assert {p.name: p.read_bytes() for p in criu.iterdir()} == before
     assert not (tmp_path / "bulk").exists()
 

@@ -74,10 +74,11 @@ def _eligible(vmas: list[Vma]) -> Callable[[PagemapEntry], bool]:
     return inside
 
 
-def find_runs(entries: tuple[PagemapEntry, ...], vmas: list[Vma], min_run: int) -> tuple[list[_Run], list[int]]:
+def find_runs(entries: tuple[PagemapEntry, ...], vmas: list[Vma] | None, min_run: int) -> tuple[list[_Run], list[int]]:
     """(runs to cut, indexes of the entries they cover): maximal sequences of consecutive present entries,
-    adjacent in memory and inside plain anonymous read-write VMAs, of at least `min_run` bytes."""
-    eligible = _eligible(vmas)
+    adjacent in memory and inside plain anonymous read-write VMAs, of at least `min_run` bytes.
+    `vmas=None` counts every mapping as eligible (to see how much a stricter rule leaves behind)."""
+    eligible = _eligible(vmas) if vmas is not None else (lambda _e: True)
     runs: list[_Run] = []
     covered: list[int] = []
     current: list[int] = []  # indexes of the run being built
@@ -170,12 +171,21 @@ def _split(criu_dir: Path, raw: Path, pagemap_path: Path, pagemap: Pagemap, cut:
     tmp.replace(pagemap_path)
 
 
-def cut(staging: Path, criu_pids: set[int], *, min_run: int = DEFAULT_MIN_RUN) -> list[Extent]:
+@dataclass(frozen=True)
+class Cut:
+    extents: list[Extent]
+    #: bytes of all runs of at least `min_run`, whatever their mapping: what is left of it stayed in
+    #: CRIU's images because its mapping is not plain anonymous rw memory (shown by progress and benches)
+    large_bytes: int
+
+
+def cut(staging: Path, criu_pids: set[int], *, min_run: int = DEFAULT_MIN_RUN) -> Cut:
     """Move the large memory runs of every process in `criu_pids` (CRIU's own numbering) out of the
     images in `staging/criu` into `staging/bulk`; return their extents (empty: nothing worth moving)."""
     criu_dir, bulk_dir = staging / CRIU_DIR, staging / BULK_DIR
     plans: list[tuple[int, Path, Pagemap, list[_Run], list[int]]] = []
     seen_pages: set[int] = set()
+    large = 0
     for path in sorted(criu_dir.iterdir()):
         m = _PAGEMAP.fullmatch(path.name)
         if not m or int(m.group(1)) not in criu_pids:
@@ -183,8 +193,9 @@ def cut(staging: Path, criu_pids: set[int], *, min_run: int = DEFAULT_MIN_RUN) -
         pid = int(m.group(1))
         pagemap = read_pagemap(path)
         if pagemap.pages_id in seen_pages:  # never split one pages image for two pagemaps
-            return []
+            return Cut([], 0)
         seen_pages.add(pagemap.pages_id)
+        large += sum(r.length for r in find_runs(pagemap.entries, None, min_run)[0])
         runs, covered = find_runs(pagemap.entries, read_vmas(criu_dir / f"mm-{pid}.img"), min_run)
         if runs:
             plans.append((pid, path, pagemap, runs, covered))
@@ -195,7 +206,7 @@ def cut(staging: Path, criu_pids: set[int], *, min_run: int = DEFAULT_MIN_RUN) -
         _split(criu_dir, raw, path, pagemap, covered)
         rel = f"{BULK_DIR}/{raw.name}"
         extents += [Extent(pid=pid, vaddr=r.vaddr, length=r.length, file=rel, offset=r.offset) for r in runs]
-    return extents
+    return Cut(extents, large)
 
 
 # --- fill (restore) --------------------------------------------------------------------------------------

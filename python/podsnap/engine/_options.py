@@ -153,6 +153,7 @@ class Timer:
         self.progress = progress
         self._t0 = time.perf_counter()
         self._done: dict[str, int] = {}
+        self._totals: dict[str, int] = {}
         #: the phase running, or the last one started: where a failure happened
         self.current = ""
         #: phase -> bytes it reported done at its end (phases that handle bytes)
@@ -177,10 +178,13 @@ class Timer:
         done = self._done.pop(name, total)
         if done:
             self.bytes[name] = done
-        self.report(name, done, done, finished=True, start=start)
+        self.report(name, done, self._totals.pop(name, done), finished=True, start=start)
 
-    def set_done(self, name: str, done: int) -> None:
+    def set_done(self, name: str, done: int, *, total: int | None = None) -> None:
+        """What the phase's last report says: `done` bytes, of `total` (default: of `done`)."""
         self._done[name] = done
+        if total is not None:
+            self._totals[name] = total
 
     def finish(self) -> dict[str, float]:
         self.timings["total"] = (time.perf_counter() - self._t0) * 1000
