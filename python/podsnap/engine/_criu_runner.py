@@ -194,6 +194,55 @@ def _wait(
     return b"".join(chunks).decode(errors="replace")
 
 
+@dataclass(frozen=True)
+class _Call:
+    """One CRIU run: the action, its config lines and arguments, where, and how it is watched."""
+
+    action: str
+    lines: list[str]
+    args: list[str]
+    images_dir: Path
+    work_dir: Path
+    options: CriuOptions
+    namespace_pid: int | None
+    #: in namespace mode, join the target's cgroups before exec (a restore lands in the pod's cgroups)
+    join_cgroups: bool = False
+    #: our fds CRIU inherits (inherit-fd targets, a net ns)
+    pass_fds: tuple[int, ...] = ()
+    monitor: Callable[[int], None] | None = None
+
+
+def _invoke(binary: CriuBinary, ns_libs: Path | None, call: _Call) -> None:
+    """Write the config, run CRIU (on the host, or through nsenter into the target's namespaces), wait for
+    it (killing it on a timeout or when `monitor` raises), and raise CriuError when it failed."""
+    work, action, ns = call.work_dir, call.action, call.namespace_pid
+    work.mkdir(parents=True, exist_ok=True)
+    conf = work / f"{action}.conf"
+    conf.write_text(config_text(call.lines))
+    log = work / f"{action}.log"
+    with contextlib.suppress(FileNotFoundError):
+        log.unlink()
+    with _view(binary, call.images_dir, work, ns_libs, ns) as v:
+        cmd = [*v.prefix, v.exe, action, "--no-default-config", "--config", f"{v.work}/{conf.name}"]
+        cmd += ["-D", v.images, "-W", v.work, "-o", log.name, f"-v{int(call.options.log_level)}", *call.args]
+        preexec = _join_cgroups_of(ns) if (ns is not None and call.join_cgroups) else None
+        try:
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=binary.env(v.lib),
+                pass_fds=(*v.fds, *call.pass_fds),
+                preexec_fn=preexec,  # noqa: PLW1509 - only writes our pid to cgroup.procs before exec
+            )
+        except OSError as exc:
+            raise CriuError(f"cannot start criu {action}: {exc}") from exc
+        output = _wait(proc, action, call.options.timeout_s, call.monitor, log)
+    if proc.returncode != 0:
+        raise failure(action, proc.returncode, output, log, ns)
+
+
 class Criu:
     """One CRIU installation. Every failure raises CriuError (short message; log tail and path attached)."""
 
@@ -233,48 +282,9 @@ class Criu:
         text = (out.stdout + out.stderr).strip()
         return out.returncode == 0 and "Looks good" in text, text
 
-    def _run(
-        self,
-        action: str,
-        lines: list[str],
-        args: list[str],
-        images_dir: Path,
-        work_dir: Path,
-        *,
-        namespace_pid: int | None,
-        join_cgroups: bool,
-        pass_fds: tuple[int, ...],
-        timeout_s: float,
-        log_level: int,
-        monitor: Callable[[int], None] | None,
-    ) -> None:
+    def _run(self, call: _Call) -> None:
         self.version()
-        work_dir.mkdir(parents=True, exist_ok=True)
-        conf = work_dir / f"{action}.conf"
-        conf.write_text(config_text(lines))
-        log = work_dir / f"{action}.log"
-        with contextlib.suppress(FileNotFoundError):
-            log.unlink()
-        ns_libs = self.namespace_lib_dir() if namespace_pid is not None else None
-        with _view(self.binary, images_dir, work_dir, ns_libs, namespace_pid) as v:
-            cmd = [*v.prefix, v.exe, action, "--no-default-config", "--config", f"{v.work}/{conf.name}"]
-            cmd += ["-D", v.images, "-W", v.work, "-o", log.name, f"-v{int(log_level)}", *args]
-            preexec = _join_cgroups_of(namespace_pid) if (namespace_pid is not None and join_cgroups) else None
-            try:
-                proc = subprocess.Popen(
-                    cmd,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    env=self.binary.env(v.lib),
-                    pass_fds=(*v.fds, *pass_fds),
-                    preexec_fn=preexec,  # noqa: PLW1509 - only writes our pid to cgroup.procs before exec
-                )
-            except OSError as exc:
-                raise CriuError(f"cannot start criu {action}: {exc}") from exc
-            output = _wait(proc, action, timeout_s, monitor, log)
-        if proc.returncode != 0:
-            raise failure(action, proc.returncode, output, log, namespace_pid)
+        _invoke(self.binary, self.namespace_lib_dir() if call.namespace_pid is not None else None, call)
 
     def dump(
         self,
@@ -294,19 +304,7 @@ class Criu:
         killed by CRIU once the dump succeeded; on failure CRIU resumes it.
         """
         lines = options.dump_lines(namespace_pid is not None, net_ns_inode=net_ns_inode, leave_running=leave_running)
-        self._run(
-            "dump",
-            lines,
-            ["-t", str(pid)],
-            images_dir,
-            work_dir,
-            namespace_pid=namespace_pid,
-            join_cgroups=False,
-            pass_fds=(),
-            timeout_s=options.timeout_s,
-            log_level=options.log_level,
-            monitor=monitor,
-        )
+        self._run(_Call("dump", lines, ["-t", str(pid)], images_dir, work_dir, options, namespace_pid, monitor=monitor))
         return lines
 
     def restore(
@@ -338,19 +336,12 @@ class Criu:
             lines = options.restore_lines(
                 namespace_pid is not None, net_ns_fd=net_fd, inherit=inherit, leave_stopped=leave_stopped
             )
-            self._run(
-                "restore",
-                lines,
-                ["-d", "--pidfile", pidfile.name],
-                images_dir,
-                work_dir,
-                namespace_pid=namespace_pid,
-                join_cgroups=join_cgroups,
-                pass_fds=((net_fd,) if net_fd is not None else ()) + tuple(sorted(inherit or {})),
-                timeout_s=options.timeout_s,
-                log_level=options.log_level,
-                monitor=monitor,
+            args = ["-d", "--pidfile", pidfile.name]
+            fds = ((net_fd,) if net_fd is not None else ()) + tuple(sorted(inherit or {}))
+            call = _Call(
+                "restore", lines, args, images_dir, work_dir, options, namespace_pid, join_cgroups, fds, monitor
             )
+            self._run(call)
         finally:
             if net_fd is not None:
                 os.close(net_fd)
