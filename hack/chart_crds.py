@@ -98,7 +98,6 @@ def obj(properties: dict[str, Schema], required: list[str] | None = None, **extr
 
 ARTIFACT_STATUS: Schema = obj(
     {
-        "path": {"type": "string", "description": "Directory of the artifact, relative to the artifact root."},
         "sizeBytes": {"type": "integer", "format": "int64", "minimum": 0},
         "digest": {"type": "string", "description": "sha256 of the artifact manifest, e.g. sha256:<hex>."},
     },

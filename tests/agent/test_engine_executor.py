@@ -3,7 +3,6 @@ mount namespaces) by its host PID, restore it into another pod's namespaces, as 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,21 +10,16 @@ import pytest
 
 from podsnap.agent.engine_executor import EngineExecutor
 from podsnap.agent.executor import CaptureRequest, ExecutionError, IncompatibleError, PodRef, RestoreRequest
-from podsnap.engine import CriuError, find_binary, proctree
-from podsnap.engine.criu import Criu
+from podsnap.engine import proctree
 from tests.engine.helpers import Pod, http_get
+from tests.support.criu import criu_or_skip
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
 def pods(tmp_path: Path) -> Iterator[tuple[Pod, Pod]]:
-    if os.geteuid() != 0:
-        pytest.skip("CRIU needs root")
-    try:
-        Criu(find_binary()).version()
-    except CriuError as exc:
-        pytest.skip(f"CRIU unusable: {str(exc).splitlines()[0]}")
+    criu_or_skip()
     src = Pod(tmp_path / "pod-a", [])
     dst = Pod(tmp_path / "pod-b", [])
     try:
@@ -60,6 +54,7 @@ def test_engine_executor_moves_a_worker_between_pods(pods: tuple[Pod, Pod], tmp_
             artifact_dir=artifact,
             skip_compat=False,
             node="n",
+            expected_digest=result.digest,
         )
     )
     assert restored.pids and proctree.pid_ns(restored.pids[0]) == proctree.pid_ns(dst.init_pid)
@@ -92,3 +87,33 @@ def test_engine_errors_become_agent_reasons(pods: tuple[Pod, Pod], tmp_path: Pat
             )
         )
     assert missing.value.reason == "RestoreFailed"
+
+
+def test_an_artifact_changed_after_its_capture_is_refused(pods: tuple[Pod, Pod], tmp_path: Path) -> None:
+    """The manifest is trusted only through the digest recorded at capture (the content's status)."""
+    src, dst = pods
+    _, ns_pid, _ = src.start_worker(tmp_path / "worker")
+    host_pid = proctree.host_pid_in_ns(ns_pid, src.init_pid)
+    assert host_pid is not None
+    artifact = tmp_path / "artifacts" / "ns" / "snap-uid"
+    executor = EngineExecutor()
+    ref = PodRef("ns", "src", "uid-a", "main", "containerd://" + "a" * 64)
+    result = executor.capture(
+        CaptureRequest(pod=ref, pids=(host_pid,), root_pid=host_pid, artifact_dir=artifact, node="n")
+    )
+    manifest = artifact / "manifest.json"
+    manifest.write_text(manifest.read_text() + " ")  # any change at all, even one a JSON reader ignores
+    with pytest.raises(ExecutionError, match="changed after its capture") as refused:
+        executor.restore(
+            RestoreRequest(
+                pod=PodRef("ns", "dst", "uid-b", "main", "containerd://" + "b" * 64),
+                placeholder_pids=(dst.init_pid,),
+                placeholder_root_pid=dst.init_pid,
+                artifact_dir=artifact,
+                skip_compat=False,
+                node="n",
+                expected_digest=result.digest,
+            )
+        )
+    assert refused.value.reason == "RestoreFailed"
+    assert proctree.host_pid_in_ns(ns_pid, dst.init_pid) is None, "nothing was restored into the destination"

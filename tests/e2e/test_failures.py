@@ -92,8 +92,10 @@ def test_a_snapshot_from_an_incompatible_node_is_refused_with_restore_incompatib
     run = run_capture(cluster, podsnap, namespace, APP, serve=False)
     known = _settled(cluster, podsnap, namespace)
     content = artifacts.content_of(cluster, run.snapshot)
-    # this cluster may have one node: the snapshot is made to claim another kernel than the target's
-    artifacts.in_artifact(cluster, podsnap, content, artifacts.OTHER_KERNEL)
+    # this cluster may have one node: the snapshot is made to claim another kernel than the target's, as if
+    # captured so (its recorded digest follows; otherwise the changed manifest alone fails the restore)
+    digest = artifacts.in_artifact(cluster, podsnap, content, artifacts.OTHER_KERNEL)
+    artifacts.record_digest(cluster, content, digest)
     pod = _new_pod_after_scale(cluster, podsnap, namespace, known, 2)
     verdict = _restore_verdict(cluster, podsnap, namespace, pod)
     assert verdict == f"False/{contract.REASON_RESTORE_INCOMPATIBLE}", verdict

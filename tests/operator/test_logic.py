@@ -196,7 +196,7 @@ def content(ready: str | None, failed: bool = False) -> dict[str, Any]:
         "metadata": {"name": "podsnapshotcontent-u"},
         "status": {
             "conditions": conds,
-            "artifact": {"path": "a", "sizeBytes": 5, "digest": "sha256:x"},
+            "artifact": {"sizeBytes": 5, "digest": "sha256:x"},
             "source": {"node": "n", "arch": "x86_64", "extra": 1},
         },
     }

@@ -66,6 +66,21 @@ class EngineExecutor:
     def restore(self, request: RestoreRequest) -> RestoreResult:
         from podsnap import engine
 
+        if request.expected_digest:
+            # the manifest lists every file's digest, which the engine verifies; the manifest itself is
+            # trusted only as recorded at capture (TODO engine: RestoreOptions.expected_manifest_digest,
+            # which checks the bytes it then reads)
+            manifest = request.artifact_dir / engine.MANIFEST_NAME
+            try:
+                found = _sha256(manifest)
+            except OSError as exc:
+                raise ExecutionError(f"artifact {request.artifact_dir}: {exc}", reason=c.REASON_RESTORE_FAILED) from exc
+            if found != request.expected_digest:
+                raise ExecutionError(
+                    f"artifact {request.artifact_dir}: manifest digest {found} is not the captured "
+                    f"{request.expected_digest}; the artifact was changed after its capture",
+                    reason=c.REASON_RESTORE_FAILED,
+                )
         options = engine.RestoreOptions(
             namespace_pid=request.placeholder_root_pid,
             skip_compat=request.skip_compat,

@@ -2,7 +2,7 @@
 
 The agent decides what to capture or restore and reports the outcome on the API objects; an `Executor`
 does the work on the host. `EngineExecutor` is the real one and calls `podsnap.engine`; tests that
-cannot run CRIU substitute a recording stand-in (`tests/operator/recording.py: RecordingExecutor`).
+cannot run CRIU substitute a recording stand-in (`tests/support/recording.py: RecordingExecutor`).
 
 Errors an executor raises, by how the agent reacts::
 
@@ -72,6 +72,9 @@ class RestoreRequest:
     artifact_dir: Path
     skip_compat: bool
     node: str
+    #: the manifest digest recorded when the artifact was captured (its PodSnapshotContent's status): the
+    #: artifact is trusted only through it
+    expected_digest: str = ""
 
 
 @dataclass(frozen=True)

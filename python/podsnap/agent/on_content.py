@@ -102,13 +102,13 @@ def content_capture(
     elapsed = time.monotonic() - started
     ctx.metrics.capture_seconds.observe(elapsed)
     ctx.metrics.capture_bytes.observe(result.size_bytes)
-    rel = spec.get("artifactPath") or name
     _set(
         ctx,
         name,
         Condition(c.COND_READY, True, c.REASON_CAPTURE_COMPLETED, f"captured in {elapsed:.1f} s"),
         Condition(c.COND_FAILED, False, c.REASON_CAPTURE_COMPLETED, "captured"),
-        artifact={"path": rel, "sizeBytes": result.size_bytes, "digest": result.digest},
+        # the artifact's directory is the content's spec.artifactPath: one place, written once by the operator
+        artifact={"sizeBytes": result.size_bytes, "digest": result.digest},
         source={"node": ctx.config.node_name, **result.source},
         capturedAt=now_rfc3339(),
     )

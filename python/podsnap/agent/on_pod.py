@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -106,19 +108,54 @@ def _fail(ctx: AgentContext, pod: Mapping[str, Any], reason: str, message: str) 
     )
 
 
+@dataclass(frozen=True)
+class BoundArtifact:
+    content: str
+    path: Path
+    digest: str
+
+
+def bound_artifact(ctx: AgentContext, namespace: str, snapshot: str) -> BoundArtifact:
+    """The artifact of PodSnapshot `namespace/snapshot`, from its bound PodSnapshotContent only.
+
+    A PodSnapshot's status can be written by its namespace's users, so nothing is read from it but its
+    uid. The content (cluster-scoped, made by the operator, its status written by an agent) is found by
+    the name derived from that uid, and must name this very snapshot: an artifact serves only the
+    namespace that captured it."""
+    snap = ctx.kube.get_cr(c.PLURAL_POD_SNAPSHOTS, snapshot, namespace)
+    if snap is None:
+        raise ExecutionError(f"PodSnapshot {namespace}/{snapshot} does not exist", reason=c.REASON_RESTORE_FAILED)
+    uid = snap["metadata"]["uid"]
+    name = c.content_name(uid)
+    content = ctx.kube.get_cr(c.PLURAL_POD_SNAPSHOT_CONTENTS, name)
+    if content is None:
+        raise ExecutionError(
+            f"PodSnapshot {namespace}/{snapshot} has no PodSnapshotContent {name}: it was never captured",
+            reason=c.REASON_RESTORE_FAILED,
+        )
+    spec, status = content.get("spec") or {}, content.get("status") or {}
+    ref = spec.get("podSnapshotRef") or {}
+    if (ref.get("namespace"), ref.get("name"), ref.get("uid")) != (namespace, snapshot, uid):
+        raise ExecutionError(
+            f"refusing {name}: it is bound to PodSnapshot {ref.get('namespace')}/{ref.get('name')} "
+            f"(uid {ref.get('uid')}), not to {namespace}/{snapshot} (uid {uid})",
+            reason=c.REASON_RESTORE_FAILED,
+        )
+    if not conditions.is_true(status.get("conditions"), c.COND_READY):
+        raise ExecutionError(f"{name} of PodSnapshot {snapshot} is not Ready", reason=c.REASON_RESTORE_FAILED)
+    digest = (status.get("artifact") or {}).get("digest")
+    if not spec.get("artifactPath") or not digest:
+        raise ExecutionError(f"{name} records no artifact path or digest", reason=c.REASON_RESTORE_FAILED)
+    return BoundArtifact(name, artifact_dir(ctx.config.artifact_root, spec["artifactPath"]), str(digest))
+
+
 def restore(
     ctx: AgentContext, pod: Mapping[str, Any], *, snapshot: str, container: str, cid: str, logger: kopf.Logger
 ) -> None:
     meta = pod["metadata"]
     started = time.monotonic()
     try:
-        snap = ctx.kube.get_cr(c.PLURAL_POD_SNAPSHOTS, snapshot, meta["namespace"])
-        sstatus = (snap or {}).get("status") or {}
-        if snap is None or not conditions.is_true(sstatus.get("conditions"), c.COND_READY):
-            raise ExecutionError(f"PodSnapshot {snapshot} is missing or not Ready", reason=c.REASON_RESTORE_FAILED)
-        rel = (sstatus.get("artifact") or {}).get("path")
-        if not rel:
-            raise ExecutionError(f"PodSnapshot {snapshot} has no status.artifact.path", reason=c.REASON_RESTORE_FAILED)
+        artifact = bound_artifact(ctx, meta["namespace"], snapshot)
         procs = find_processes(cid, ctx.config.proc_root)
         spec_container = next(ct for ct in pod["spec"]["containers"] if ct["name"] == container)
         container_env = environ_of(procs.root, ctx.config.proc_root)
@@ -128,7 +165,8 @@ def restore(
             pod=PodRef(meta["namespace"], meta["name"], meta["uid"], container, cid),
             placeholder_pids=procs.pids,
             placeholder_root_pid=procs.root,
-            artifact_dir=artifact_dir(ctx.config.artifact_root, rel),
+            artifact_dir=artifact.path,
+            expected_digest=artifact.digest,
             skip_compat=c.is_truthy((meta.get("annotations") or {}).get(c.ANNOTATION_SKIP_COMPAT_CHECK)),
             node=ctx.config.node_name,
         )

@@ -63,12 +63,22 @@ with open(victim, "r+b") as f:
 print(victim)
 """
 
-# a snapshot that claims it was taken on another kernel: what a node with another kernel would see
+# a snapshot that claims it was taken on another kernel: what a node with another kernel would see;
+# prints the new manifest digest, which record_digest() makes the captured one
 OTHER_KERNEL = """
-import json, os
+import hashlib, json, os
 path = os.path.join(os.environ["ARTIFACT"], "manifest.json")
 doc = json.load(open(path))
 doc["source"]["kernel"] = "0.0.0-podsnap-e2e-other-kernel"
 json.dump(doc, open(path, "w"))
-print(path)
+print("sha256:" + hashlib.sha256(open(path, "rb").read()).hexdigest())
 """
+
+
+def record_digest(cluster: Cluster, content: dict[str, Any], digest: str) -> None:
+    """What an agent would have recorded had it captured the artifact as it is now (the cluster admin's
+    part: a content's status is not writable by namespace users)."""
+    cluster.custom.patch_cluster_custom_object_status(
+        contract.GROUP, contract.VERSION, contract.PLURAL_POD_SNAPSHOT_CONTENTS, content["metadata"]["name"],
+        {"status": {"artifact": {"digest": digest}}},
+    )  # fmt: skip
