@@ -8,8 +8,6 @@ Markers (declared in pytest.ini, `--strict-markers` is on):
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,33 +15,13 @@ import pytest
 
 from tests.support.controlplane import ControlPlane
 
-REPO = Path(__file__).resolve().parent.parent
-TOOLS_BIN = REPO / ".tools" / "bin"
+# the names below stay importable from here for suites that still do so
+from tests.support.tools import REPO, TOOLS_BIN, gpu_missing_reason, require_tool, tool
 
+__all__ = ["REPO", "TOOLS_BIN", "ControlPlaneFactory", "gpu_missing_reason", "require_tool", "tool"]
 
-def tool(name: str) -> str | None:
-    """Path of a pinned tool from `make setup`, else one on PATH, else None."""
-    candidate = TOOLS_BIN / name
-    if candidate.exists() and os.access(candidate, os.X_OK):
-        return str(candidate)
-    return shutil.which(name)
-
-
-def require_tool(name: str) -> str:
-    path = tool(name)
-    if path is None:
-        pytest.skip(f"{name} not installed: run `make setup`")
-    return path
-
-
-def gpu_missing_reason() -> str | None:
-    if not Path("/dev/nvidiactl").exists():
-        return "no NVIDIA GPU on this machine (/dev/nvidiactl missing)"
-    try:
-        import cuda.bindings.driver  # noqa: F401
-    except ImportError:
-        return "cuda-bindings not installed (pip install podsnap[gpu])"
-    return None
+#: a run fails when a required suite (chart, engine, operator, e2e) was selected but skipped entirely
+pytest_plugins = ["tests.support.required_suites"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

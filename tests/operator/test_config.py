@@ -27,9 +27,10 @@ from podsnap.kube.env import ConfigError
 from podsnap.operator import main as operator_main
 from podsnap.operator.config import OperatorConfig
 from tests.conftest import REPO, require_tool
-from tests.operator.conftest import Env
-from tests.operator.harness import render_chart, wait_for
 from tests.support.controlplane import free_port
+from tests.support.harness import render_chart
+from tests.support.operator_env import Env
+from tests.support.waiting import wait_for
 
 BIN = Path(sys.executable).parent
 CHART = REPO / "charts" / "podsnap"

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from podsnap import contract as c
-from tests.operator.conftest import Env
-from tests.operator.harness import wait_for
 from tests.support.controlplane import free_port
+from tests.support.operator_env import Env
+from tests.support.waiting import wait_for
 
 BIN = Path(sys.executable).parent
 

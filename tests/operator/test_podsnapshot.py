@@ -6,45 +6,14 @@ import contextlib
 import statistics
 import threading
 import time
-from typing import Any
 
 import pytest
 from kubernetes import watch
 
 from podsnap import contract as c
-from tests.operator.conftest import NODE, OTHER_NODE, Env
-from tests.operator.harness import cond_is, condition, wait_for
-
-
-def running_pod(env: Env, ns: str, name: str, node: str = NODE, *, ready: bool = True) -> tuple[dict[str, Any], Any]:
-    """A plain pod the kubelet (played here) has started on `node`; returns (pod, its container process)."""
-    env.cluster.kube.core.create_namespaced_pod(
-        ns, {"metadata": {"name": name}, "spec": {"containers": [{"name": "main", "image": "worker:1"}]}}
-    )
-    env.cluster.kubelet_bind(ns, name, node)
-    proc = env.cluster.kubelet_container()
-    env.cluster.kubelet_run(ns, name, ready=ready, container_ids={"main": proc.container_id})
-    pod = env.cluster.pod(ns, name)
-    assert pod is not None
-    return pod, proc
-
-
-def podsnapshot(name: str, pod: str, uid: str | None = None, container: str = "main") -> dict[str, Any]:
-    ref: dict[str, Any] = {"name": pod, "containers": [container]}
-    if uid:
-        ref["uid"] = uid
-    return {"kind": c.KIND_POD_SNAPSHOT, "metadata": {"name": name}, "spec": {"source": {"podRef": ref}}}
-
-
-def get_snap(env: Env, ns: str, name: str) -> dict[str, Any] | None:
-    return env.cluster.get(c.PLURAL_POD_SNAPSHOTS, name, ns)
-
-
-def failed_with(env: Env, ns: str, name: str, reason: str) -> dict[str, Any]:
-    return wait_for(
-        lambda: cond_is(s := get_snap(env, ns, name), c.COND_FAILED, reason=reason) and s,
-        what=f"{name} Failed/{reason}",
-    )
+from tests.support.harness import cond_is, condition
+from tests.support.operator_env import NODE, OTHER_NODE, Env, failed_with, get_snap, podsnapshot, running_pod
+from tests.support.waiting import wait_for
 
 
 def test_missing_pod_fails_with_pod_not_found(env: Env, ns: str) -> None:
@@ -100,7 +69,11 @@ def test_content_of_another_node_is_left_to_that_nodes_agent(env: Env, ns: str) 
     content = wait_for(lambda: env.cluster.get(c.PLURAL_POD_SNAPSHOT_CONTENTS, name), what="content")
     assert content["metadata"]["labels"][c.LABEL_SNAPSHOT_NODE] == OTHER_NODE
     wait_for(lambda: cond_is(get_snap(env, ns, "s"), c.COND_READY, "False", c.REASON_PENDING), what="Pending")
-    time.sleep(1.5)
+    # a positive signal instead of a pause: a later content of node-a's is captured, so node-b's, which
+    # came first, would have reached the agent by then had its watch not filtered it out
+    running_pod(env, ns, "marker")
+    env.cluster.create(c.PLURAL_POD_SNAPSHOTS, podsnapshot("m", "marker"), ns)
+    wait_for(lambda: cond_is(get_snap(env, ns, "m"), c.COND_READY), what="node-a's own content captured")
     assert not env.executor.of("capture", "p", ns), "the agent of node-a must not capture node-b's content"
     assert not (env.cluster.get(c.PLURAL_POD_SNAPSHOT_CONTENTS, name) or {}).get("status", {}).get("conditions")
 
@@ -188,7 +161,10 @@ def test_agent_pickup_latency(env: Env, ns: str, capsys: pytest.CaptureFixture[s
 
     t = threading.Thread(target=watcher, daemon=True)
     t.start()
-    time.sleep(0.5)
+    # the watch is live once it reports a content created after it started
+    running_pod(env, ns, "warm")
+    warm = env.cluster.create(c.PLURAL_POD_SNAPSHOTS, podsnapshot("warm", "warm"), ns)
+    wait_for(lambda: c.content_name(warm["metadata"]["uid"]) in added, what="the test's watch to be live")
     pickups, end_to_end = [], []
     for i in range(5):
         running_pod(env, ns, f"p{i}")

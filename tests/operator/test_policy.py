@@ -11,68 +11,24 @@ import pytest
 from kubernetes import watch
 
 from podsnap import contract as c
-from tests.operator.conftest import NODE, Env
-from tests.operator.harness import ContainerProcess, cgroups_writable, cond_is, wait_for
-from tests.operator.test_podsnapshot import podsnapshot, running_pod
-from tests.operator.test_snapshotjob import kubelet_starts_capture_pod
+from tests.support.harness import cgroups_writable, cond_is
+from tests.support.operator_env import (
+    NODE,
+    Env,
+    deployment,
+    get_policy,
+    kubelet_runs_restore_pod,
+    kubelet_starts_capture_pod,
+    pod_template,
+    podsnapshot,
+    policy,
+    ready_policy,
+    running_pod,
+    shaped,
+)
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(cgroups_writable() is not None, reason=str(cgroups_writable()))
-
-
-def pod_template(app: str, control_dir: Path, image: str = "worker:1") -> dict[str, Any]:
-    return {
-        "metadata": {"labels": {"app": app}},
-        "spec": {
-            "containers": [
-                {
-                    "name": "main",
-                    "image": image,
-                    "command": ["python", "-m", "worker"],
-                    "env": [{"name": c.ENV_CONTROL_DIR, "value": str(control_dir)}, {"name": "MODEL", "value": "tiny"}],
-                }
-            ]
-        },
-    }
-
-
-def deployment(name: str, replicas: int, template: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": template["metadata"]["labels"]},
-            "template": template,
-        },
-    }
-
-
-def policy(name: str, kind: str, target: str, **spec: Any) -> dict[str, Any]:
-    return {
-        "kind": c.KIND_SNAPSHOT_POLICY,
-        "metadata": {"name": name},
-        "spec": {"targetRef": {"kind": kind, "name": target}, **spec},
-    }
-
-
-def get_policy(env: Env, ns: str, name: str) -> dict[str, Any] | None:
-    return env.cluster.get(c.PLURAL_SNAPSHOT_POLICIES, name, ns)
-
-
-def ready_policy(env: Env, ns: str, name: str) -> dict[str, Any]:
-    return wait_for(
-        lambda: ((p := get_policy(env, ns, name)) or {}).get("status", {}).get("ready") and p,
-        timeout=30,
-        what=f"policy {name} ready",
-    )
-
-
-def kubelet_runs_restore_pod(env: Env, ns: str, pod: dict[str, Any], control_dir: Path) -> ContainerProcess:
-    """The kubelet's part for a restore pod: bind it, run its placeholder container, report it running (not Ready)."""
-    name = pod["metadata"]["name"]
-    env.cluster.kubelet_bind(ns, name, NODE)
-    proc = env.cluster.kubelet_container({c.ENV_CONTROL_DIR: str(control_dir), "MODEL": "tiny"})
-    env.cluster.kubelet_run(ns, name, ready=False, container_ids={"main": proc.container_id})
-    return proc
 
 
 class PodRecorder:
@@ -97,10 +53,6 @@ class PodRecorder:
 
     def stop(self) -> None:
         self._w.stop()
-
-
-def shaped(pod: dict[str, Any]) -> bool:
-    return c.ANNOTATION_RESTORE_FROM in (pod["metadata"].get("annotations") or {})
 
 
 def test_wait_for_checkpoint_deployment_restores_every_serving_pod(env: Env, ns: str, tmp_path: Path) -> None:

@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.operator.conftest import Env
-from tests.operator.harness import RELEASE_NS
+from tests.support.harness import RELEASE_NS
+from tests.support.operator_env import Env
 
 OPERATOR = f"system:serviceaccount:{RELEASE_NS}:podsnap-operator"
 AGENT = f"system:serviceaccount:{RELEASE_NS}:podsnap-agent"

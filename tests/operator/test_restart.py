@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from podsnap import contract as c
 from podsnap.operator import main as operator_main
-from tests.operator.conftest import Env
-from tests.operator.harness import cond_is, wait_for
-from tests.operator.test_snapshotjob import kubelet_starts_capture_pod, snapshot_job
+from tests.support.harness import cond_is
+from tests.support.operator_env import Env, kubelet_starts_capture_pod, snapshot_job
+from tests.support.waiting import wait_for
 
 
 def test_operator_restart_mid_capture_converges_without_duplicates(env: Env, ns: str) -> None:

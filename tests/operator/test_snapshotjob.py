@@ -6,42 +6,9 @@ from typing import Any
 
 from podsnap import contract as c
 from podsnap.agent.executor import ExecutionError
-from tests.operator.conftest import NODE, Env
-from tests.operator.harness import cond_is, condition, wait_for
-
-
-def snapshot_job(name: str, *, containers: list[dict[str, Any]] | None = None, **spec: Any) -> dict[str, Any]:
-    template = {
-        "metadata": {"labels": {"app": "worker"}},
-        "spec": {
-            "containers": containers
-            or [
-                {
-                    "name": "main",
-                    "image": "worker:1",
-                    "command": ["python", "-m", "worker"],
-                    "livenessProbe": {"httpGet": {"path": "/health", "port": 8000}},
-                    "startupProbe": {"httpGet": {"path": "/health", "port": 8000}},
-                }
-            ]
-        },
-    }
-    return {"kind": c.KIND_SNAPSHOT_JOB, "metadata": {"name": name}, "spec": {"podTemplate": template, **spec}}
-
-
-def capture_pod(env: Env, ns: str, job: str) -> dict[str, Any]:
-    pods = wait_for(lambda: env.cluster.pods(ns, f"{c.LABEL_SNAPSHOT_JOB}={job}"), timeout=30, what="capture pod")
-    return pods[0]
-
-
-def kubelet_starts_capture_pod(env: Env, ns: str, job: str, *, ready: bool = True) -> tuple[dict[str, Any], Any]:
-    """The kubelet's part: bind the Job's pod to NODE, run its container, report it Ready."""
-    pod = capture_pod(env, ns, job)
-    name = pod["metadata"]["name"]
-    env.cluster.kubelet_bind(ns, name, NODE)
-    proc = env.cluster.kubelet_container()
-    env.cluster.kubelet_run(ns, name, ready=ready, container_ids={"main": proc.container_id})
-    return pod, proc
+from tests.support.harness import cond_is, condition
+from tests.support.operator_env import NODE, Env, capture_pod, kubelet_starts_capture_pod, snapshot_job
+from tests.support.waiting import wait_for
 
 
 def test_capture_job_is_shaped_and_completes_through_the_agent(env: Env, ns: str) -> None:

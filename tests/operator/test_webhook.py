@@ -8,16 +8,18 @@ from pathlib import Path
 from podsnap import contract as c
 from podsnap.agent.executor import IncompatibleError
 from podsnap.operator import main as operator_main
-from tests.operator.conftest import Env
-from tests.operator.harness import cond_is, wait_for
-from tests.operator.test_podsnapshot import podsnapshot, running_pod
-from tests.operator.test_policy import deployment, kubelet_runs_restore_pod, pod_template, policy, ready_policy, shaped
-
-
-def golden(env: Env, ns: str) -> None:
-    running_pod(env, ns, "source")
-    env.cluster.create(c.PLURAL_POD_SNAPSHOTS, podsnapshot("golden", "source"), ns)
-    wait_for(lambda: cond_is(env.cluster.get(c.PLURAL_POD_SNAPSHOTS, "golden", ns), c.COND_READY), what="golden Ready")
+from tests.support.harness import cond_is
+from tests.support.operator_env import (
+    Env,
+    deployment,
+    golden,
+    kubelet_runs_restore_pod,
+    pod_template,
+    policy,
+    ready_policy,
+    shaped,
+)
+from tests.support.waiting import wait_for
 
 
 def test_pods_outside_any_policy_are_untouched(env: Env, ns: str, tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Test harness for the operator and agent against a real kube-apiserver (no kubelet).
+"""The operator and agent against a real kube-apiserver, with no kubelet: the kubelet's part, played.
 
 What plays the kubelet's part (there is no kubelet on this machine) is named `kubelet_*` and does only
 what a kubelet would: bind a pod to a node, report its status (phase, Ready, container IDs, pod IP),
@@ -26,23 +26,11 @@ import yaml
 
 from podsnap import contract as c
 from podsnap.kube.client import Kube
+from tests.support.waiting import wait_for
 
 T = TypeVar("T")
 RELEASE_NS = "podsnap-system"
 CGROUP_ROOT = Path("/sys/fs/cgroup/pids")
-
-
-def wait_for(fn: Callable[[], T], *, timeout: float = 30.0, interval: float = 0.1, what: str = "") -> T:
-    """Poll until `fn()` returns something truthy; fail with `what` and the last value."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        with contextlib.suppress(Exception):
-            last = fn()
-            if last:
-                return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what or fn}: last={last!r}")
 
 
 def render_chart(helm: str, chart: Path, *values: str) -> list[dict[str, Any]]:

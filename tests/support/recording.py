@@ -74,8 +74,13 @@ class RecordingExecutor:
         self._record("restore", request)
         if request.pod.name in self.fail_restore:
             raise self.fail_restore[request.pod.name]
-        if not (request.artifact_dir / "manifest.json").exists():
+        manifest = request.artifact_dir / "manifest.json"
+        if not manifest.exists():
             raise ExecutionError(f"no artifact at {request.artifact_dir}")
+        # as the engine executor does: the manifest is trusted only through the digest recorded at capture
+        found = "sha256:" + hashlib.sha256(manifest.read_bytes()).hexdigest()
+        if request.expected_digest and found != request.expected_digest:
+            raise ExecutionError(f"manifest digest {found} is not {request.expected_digest}: changed after its capture")
         return RestoreResult(pids=request.placeholder_pids)
 
     def remove(self, artifact_dir: Path) -> None:

@@ -1,0 +1,264 @@
+"""The operator and one node agent against a real kube-apiserver (the chart's CRDs, RBAC and webhook
+configuration, each component under its own ServiceAccount's token), with the kubelet's part played by
+the tests (tests/support/harness.py), and the objects and steps the operator tests share."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from podsnap import contract as c
+from podsnap.agent import main as agent_main
+from podsnap.agent.config import AgentConfig
+from podsnap.agent.runtime import AgentContext
+from podsnap.kube.client import Credentials, Kube
+from podsnap.operator import main as operator_main
+from podsnap.operator.config import OperatorConfig
+from podsnap.operator.runtime import OperatorContext
+from tests.support.controlplane import ControlPlane, free_port
+from tests.support.harness import RELEASE_NS, Cluster, ContainerProcess, KopfThread, cond_is, render_chart
+from tests.support.recording import RecordingExecutor
+from tests.support.tools import REPO, require_tool
+from tests.support.waiting import wait_for
+
+NODE = "node-a"
+OTHER_NODE = "node-b"
+OPERATOR_SA = "podsnap-operator"
+AGENT_SA = "podsnap-agent"
+RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+
+
+@dataclass
+class Env:
+    cluster: Cluster
+    operator: KopfThread
+    agent: KopfThread
+    executor: RecordingExecutor
+    artifact_root: Path
+    operator_kubeconfig: Path
+    agent_kubeconfig: Path
+    webhook_port: int
+    chart_docs: list[dict[str, Any]]
+
+    @property
+    def operator_ctx(self) -> OperatorContext:
+        ctx = self.operator.ctx
+        assert isinstance(ctx, OperatorContext)
+        return ctx
+
+    @property
+    def agent_ctx(self) -> AgentContext:
+        ctx = self.agent.ctx
+        assert isinstance(ctx, AgentContext)
+        return ctx
+
+    def stop(self) -> None:
+        self.agent.stop()
+        self.operator.stop()
+        self.cluster.cleanup()
+
+
+def _apply(cp: ControlPlane, docs: list[dict[str, Any]]) -> None:
+    # --validate=false: kubectl checks against the 1.20 server's OpenAPI, which predates x-kubernetes-validations
+    # (the server itself drops that field; the operator re-checks immutability)
+    got = cp.kubectl("apply", "--validate=false", "-f", "-", input=yaml.safe_dump_all(docs), check=False)
+    assert got.returncode == 0, f"kubectl apply failed: {got.stderr}"
+
+
+def start_env(cp: ControlPlane, tmp: Path) -> Env:
+    """Install the chart's CRDs, RBAC and webhook configuration into `cp`; start the operator and the agent."""
+    helm = require_tool("helm")
+    require_tool("kubectl")
+    docs = render_chart(helm, REPO / "charts" / "podsnap")
+    crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
+    _apply(cp, crds)
+    for crd in crds:
+        cp.kubectl("wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}", "--timeout=30s")
+    cp.kubectl("create", "namespace", RELEASE_NS)
+    _apply(cp, [d for d in docs if d["kind"] in RBAC_KINDS])
+
+    admin = Kube(Credentials.load(cp.kubeconfig).api_client())
+    cluster = Cluster(kube=admin, kubectl=cp.kubectl)
+    for node in (NODE, OTHER_NODE):  # the kubelet registers its Node
+        admin.core.create_node({"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}}})
+
+    op_kc = cp.token_kubeconfig(
+        cp.service_account_token(RELEASE_NS, OPERATOR_SA), tmp / "operator.kubeconfig", "operator"
+    )
+    agent_kc = cp.token_kubeconfig(cp.service_account_token(RELEASE_NS, AGENT_SA), tmp / "agent.kubeconfig", "agent")
+
+    # webhook TLS for 127.0.0.1 (the chart's own certificate names the Service, which has no endpoint here)
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    cert_dir = tmp / "webhook-tls"
+    cert_dir.mkdir()
+    cert.cert_chain_pems[0].write_to_path(str(cert_dir / "tls.crt"))
+    cert.private_key_pem.write_to_path(str(cert_dir / "tls.key"))
+    port = free_port()
+    webhook = next(d for d in docs if d["kind"] == "MutatingWebhookConfiguration")
+    for hook in webhook["webhooks"]:
+        path = hook["clientConfig"]["service"]["path"]
+        hook["clientConfig"] = {
+            "url": f"https://127.0.0.1:{port}{path}",
+            "caBundle": base64.b64encode(ca.cert_pem.bytes()).decode(),
+        }
+        assert hook["failurePolicy"] == "Ignore"
+    _apply(cp, [webhook])
+
+    op_config = OperatorConfig(
+        kubeconfig=str(op_kc),
+        seccomp_profile="podsnap/checkpoint.json",
+        webhook_port=port,
+        webhook_host="127.0.0.1",
+        webhook_cert_dir=cert_dir,
+        metrics_port=0,
+        health_port=0,
+    )
+    artifact_root = tmp / "artifacts"
+    executor = RecordingExecutor()
+    agent_config = AgentConfig(
+        node_name=NODE, kubeconfig=str(agent_kc), artifact_root=artifact_root, metrics_port=0, health_port=0
+    )
+    operator = KopfThread("operator", operator_main.run, operator_main.build_context(op_config)).start()
+    agent = KopfThread("agent", agent_main.run, agent_main.build_context(agent_config, executor)).start()
+    return Env(cluster, operator, agent, executor, artifact_root, op_kc, agent_kc, port, docs)
+
+
+# --- objects ----------------------------------------------------------------------------------------
+
+
+def snapshot_job(name: str, *, containers: list[dict[str, Any]] | None = None, **spec: Any) -> dict[str, Any]:
+    template = {
+        "metadata": {"labels": {"app": "worker"}},
+        "spec": {
+            "containers": containers
+            or [
+                {
+                    "name": "main",
+                    "image": "worker:1",
+                    "command": ["python", "-m", "worker"],
+                    "livenessProbe": {"httpGet": {"path": "/health", "port": 8000}},
+                    "startupProbe": {"httpGet": {"path": "/health", "port": 8000}},
+                }
+            ]
+        },
+    }
+    return {"kind": c.KIND_SNAPSHOT_JOB, "metadata": {"name": name}, "spec": {"podTemplate": template, **spec}}
+
+
+def capture_pod(env: Env, ns: str, job: str) -> dict[str, Any]:
+    pods = wait_for(lambda: env.cluster.pods(ns, f"{c.LABEL_SNAPSHOT_JOB}={job}"), timeout=30, what="capture pod")
+    return pods[0]
+
+
+def kubelet_starts_capture_pod(env: Env, ns: str, job: str, *, ready: bool = True) -> tuple[dict[str, Any], Any]:
+    """The kubelet's part: bind the Job's pod to NODE, run its container, report it Ready."""
+    pod = capture_pod(env, ns, job)
+    name = pod["metadata"]["name"]
+    env.cluster.kubelet_bind(ns, name, NODE)
+    proc = env.cluster.kubelet_container()
+    env.cluster.kubelet_run(ns, name, ready=ready, container_ids={"main": proc.container_id})
+    return pod, proc
+
+
+def running_pod(env: Env, ns: str, name: str, node: str = NODE, *, ready: bool = True) -> tuple[dict[str, Any], Any]:
+    """A plain pod the kubelet (played here) has started on `node`; returns (pod, its container process)."""
+    env.cluster.kube.core.create_namespaced_pod(
+        ns, {"metadata": {"name": name}, "spec": {"containers": [{"name": "main", "image": "worker:1"}]}}
+    )
+    env.cluster.kubelet_bind(ns, name, node)
+    proc = env.cluster.kubelet_container()
+    env.cluster.kubelet_run(ns, name, ready=ready, container_ids={"main": proc.container_id})
+    pod = env.cluster.pod(ns, name)
+    assert pod is not None
+    return pod, proc
+
+
+def podsnapshot(name: str, pod: str, uid: str | None = None, container: str = "main") -> dict[str, Any]:
+    ref: dict[str, Any] = {"name": pod, "containers": [container]}
+    if uid:
+        ref["uid"] = uid
+    return {"kind": c.KIND_POD_SNAPSHOT, "metadata": {"name": name}, "spec": {"source": {"podRef": ref}}}
+
+
+def get_snap(env: Env, ns: str, name: str) -> dict[str, Any] | None:
+    return env.cluster.get(c.PLURAL_POD_SNAPSHOTS, name, ns)
+
+
+def failed_with(env: Env, ns: str, name: str, reason: str) -> dict[str, Any]:
+    return wait_for(
+        lambda: cond_is(s := get_snap(env, ns, name), c.COND_FAILED, reason=reason) and s,
+        what=f"{name} Failed/{reason}",
+    )
+
+
+def pod_template(app: str, control_dir: Path, image: str = "worker:1") -> dict[str, Any]:
+    return {
+        "metadata": {"labels": {"app": app}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": image,
+                    "command": ["python", "-m", "worker"],
+                    "env": [{"name": c.ENV_CONTROL_DIR, "value": str(control_dir)}, {"name": "MODEL", "value": "tiny"}],
+                }
+            ]
+        },
+    }
+
+
+def deployment(name: str, replicas: int, template: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": template["metadata"]["labels"]},
+            "template": template,
+        },
+    }
+
+
+def policy(name: str, kind: str, target: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "kind": c.KIND_SNAPSHOT_POLICY,
+        "metadata": {"name": name},
+        "spec": {"targetRef": {"kind": kind, "name": target}, **spec},
+    }
+
+
+def get_policy(env: Env, ns: str, name: str) -> dict[str, Any] | None:
+    return env.cluster.get(c.PLURAL_SNAPSHOT_POLICIES, name, ns)
+
+
+def ready_policy(env: Env, ns: str, name: str) -> dict[str, Any]:
+    return wait_for(
+        lambda: ((p := get_policy(env, ns, name)) or {}).get("status", {}).get("ready") and p,
+        timeout=30,
+        what=f"policy {name} ready",
+    )
+
+
+def kubelet_runs_restore_pod(env: Env, ns: str, pod: dict[str, Any], control_dir: Path) -> ContainerProcess:
+    """The kubelet's part for a restore pod: bind it, run its placeholder container, report it running (not Ready)."""
+    name = pod["metadata"]["name"]
+    env.cluster.kubelet_bind(ns, name, NODE)
+    proc = env.cluster.kubelet_container({c.ENV_CONTROL_DIR: str(control_dir), "MODEL": "tiny"})
+    env.cluster.kubelet_run(ns, name, ready=False, container_ids={"main": proc.container_id})
+    return proc
+
+
+def shaped(pod: dict[str, Any]) -> bool:
+    return c.ANNOTATION_RESTORE_FROM in (pod["metadata"].get("annotations") or {})
+
+
+def golden(env: Env, ns: str) -> None:
+    running_pod(env, ns, "source")
+    env.cluster.create(c.PLURAL_POD_SNAPSHOTS, podsnapshot("golden", "source"), ns)
+    wait_for(lambda: cond_is(env.cluster.get(c.PLURAL_POD_SNAPSHOTS, "golden", ns), c.COND_READY), what="golden Ready")
