@@ -17,8 +17,10 @@ import pytest
 
 from podsnap.engine import (
     ArtifactError,
+    CaptureError,
     CaptureOptions,
     Criu,
+    CriuBinary,
     Progress,
     RestoreOptions,
     capture,
@@ -184,3 +186,21 @@ def test_a_newer_schema_is_refused_saying_why(criu: Criu, big: Worker, tmp_path:
     with pytest.raises(ArtifactError, match="'bulk' section needs schemaVersion 2"):
         restore(tmp_path / "art", criu=criu)
     assert not proctree.is_alive(big.pid)
+
+
+def test_images_the_cut_cannot_read_fail_the_capture_saying_how_to_go_on(
+    criu: Criu, big: Worker, tmp_path: Path
+) -> None:
+    """A CRIU whose pagemap this podsnap cannot parse (a future format, a truncated write)."""
+    script = tmp_path / "criu-odd-pagemap"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'LD_LIBRARY_PATH={criu.binary.lib_dir or ""} {criu.binary.exe} "$@" || exit $?\n'
+        'if [ "$1" = dump ]; then while [ $# -gt 0 ]; do [ "$1" = -D ] && D=$2; shift; done\n'
+        '  for f in "$D"/pagemap-*.img; do truncate -s -1 "$f"; done; fi\n'
+    )
+    script.chmod(0o755)
+    with pytest.raises(CaptureError, match=r"cannot split .*truncated.*capture with fast_restore=False") as err:
+        capture(big.pid, tmp_path / "art", criu=Criu(CriuBinary(script)))
+    assert err.value.phase == "cut"
+    assert not (tmp_path / "art").exists()

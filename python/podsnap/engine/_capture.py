@@ -22,6 +22,7 @@ from podsnap.engine import _bulk as bulk
 from podsnap.engine import _criu_runner as runner_mod
 from podsnap.engine import _proctree as proctree
 from podsnap.engine._criu_binary import find_binary
+from podsnap.engine._criu_images import ImageError
 from podsnap.engine._criu_runner import Criu
 from podsnap.engine._cuda import CudaCheckpointer, default_checkpointer
 from podsnap.engine._host import HostFacts, host_facts
@@ -176,7 +177,15 @@ def _cut(src: _Source, opts: CaptureOptions, staging: art.Staging, timer: Timer)
     if not opts.fast_restore:
         return ()
     with timer.phase("cut"):
-        done = bulk.cut(staging.path, {p.ns_pid for p in src.tree}, min_run=opts.bulk_min_run_bytes)
+        try:
+            done = bulk.cut(staging.path, {p.ns_pid for p in src.tree}, min_run=opts.bulk_min_run_bytes)
+        except ImageError as exc:
+            raise CaptureError(
+                f"CRIU {src.criu_version} wrote images this podsnap cannot split ({exc}): "
+                "capture with fast_restore=False",
+                phase="cut",
+                source_alive=proctree.is_alive(src.pid),
+            ) from exc
         # its last report: bytes moved of all large runs (the rest is in mappings a write cannot fill)
         timer.set_done("cut", sum(e.length for e in done.extents), total=done.large_bytes)
     return tuple(done.extents)
