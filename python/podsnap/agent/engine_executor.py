@@ -8,7 +8,6 @@ reasons here and nowhere else.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +20,6 @@ from podsnap.agent.executor import (
     RestoreRequest,
     RestoreResult,
 )
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return f"sha256:{digest.hexdigest()}"
 
 
 def source_facts(facts: Any) -> dict[str, Any]:
@@ -59,33 +50,23 @@ class EngineExecutor:
             raise ExecutionError(str(exc), reason=c.REASON_CAPTURE_FAILED) from exc
         return CaptureResult(
             size_bytes=result.bytes_total,
-            digest=_sha256(result.artifact / engine.MANIFEST_NAME),
+            digest=result.manifest_digest,
             source=source_facts(result.manifest.source),
         )
 
     def restore(self, request: RestoreRequest) -> RestoreResult:
         from podsnap import engine
 
-        if request.expected_digest:
-            # the manifest lists every file's digest, which the engine verifies; the manifest itself is
-            # trusted only as recorded at capture (TODO engine: RestoreOptions.expected_manifest_digest,
-            # which checks the bytes it then reads)
-            manifest = request.artifact_dir / engine.MANIFEST_NAME
-            try:
-                found = _sha256(manifest)
-            except OSError as exc:
-                raise ExecutionError(f"artifact {request.artifact_dir}: {exc}", reason=c.REASON_RESTORE_FAILED) from exc
-            if found != request.expected_digest:
-                raise ExecutionError(
-                    f"artifact {request.artifact_dir}: manifest digest {found} is not the captured "
-                    f"{request.expected_digest}; the artifact was changed after its capture",
-                    reason=c.REASON_RESTORE_FAILED,
-                )
-        options = engine.RestoreOptions(
-            namespace_pid=request.placeholder_root_pid,
-            skip_compat=request.skip_compat,
-            criu=engine.CriuOptions(tcp="close"),
-        )
+        try:
+            # the manifest is trusted only as recorded at capture: the engine checks the bytes it then parses
+            options = engine.RestoreOptions(
+                namespace_pid=request.placeholder_root_pid,
+                skip_compat=request.skip_compat,
+                criu=engine.CriuOptions(tcp="close"),
+                expected_manifest_digest=request.expected_digest or None,
+            )
+        except ValueError as exc:
+            raise ExecutionError(f"artifact {request.artifact_dir}: {exc}", reason=c.REASON_RESTORE_FAILED) from exc
         try:
             result = engine.restore(request.artifact_dir, options)
         except engine.CompatibilityError as exc:
