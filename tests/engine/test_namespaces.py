@@ -82,32 +82,6 @@ def test_pid_1_of_a_pod_is_refused(criu: Criu, pods: tuple[Pod, Pod, Path]) -> N
     assert proctree.is_alive(src.init_pid)
 
 
-def test_a_criu_without_a_bundle_lib_dir_gets_its_libraries_into_the_pod(
-    criu: Criu, pods: tuple[Pod, Pod, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Like a distribution's /usr/sbin/criu: its libraries are the host's, which a pod does not have."""
-    from podsnap.engine import CriuBinary
-
-    if criu.binary.lib_dir is None:
-        pytest.skip("this CRIU has no bundle lib dir to stand in for the host's libraries")
-    # the host's library path resolves CRIU's libraries; that dir is hidden inside the pods
-    monkeypatch.setenv("LD_LIBRARY_PATH", str(criu.binary.lib_dir))
-    plain = Criu(CriuBinary(criu.binary.exe, None))
-    libs = plain.namespace_lib_dir()
-    assert libs is not None and libs != criu.binary.lib_dir
-    assert {p.name for p in libs.iterdir()} >= {"libprotobuf-c.so.1"}
-    assert not any(p.name.startswith(("libc.so", "ld-linux")) for p in libs.iterdir()), "glibc stays the pod's"
-
-    src, dst, host_only = pods
-    port, ns_pid, init_id = src.start_worker(tmp_path / "worker")
-    host_pid = proctree.host_pid_in_ns(ns_pid, src.init_pid)
-    assert host_pid is not None
-    capture(host_pid, host_only / "snap", CaptureOptions(namespace_pid=src.init_pid), criu=plain)
-    restored = restore(host_only / "snap", RestoreOptions(namespace_pid=dst.init_pid), criu=plain)
-    assert restored.ns_pid == ns_pid
-    assert http_get(port)["init_id"] == init_id
-
-
 def test_a_bulk_region_round_trips_between_pods_through_the_parallel_fill(
     criu: Criu, pods: tuple[Pod, Pod, Path], tmp_path: Path
 ) -> None:

@@ -50,9 +50,10 @@ files (a rootfs diff, weight shards for a fast path) that are digested and verif
 `RestoreOptions.before_restore(artifact, manifest)` runs after verification and gates, before CRIU
 (e.g. apply the rootfs diff inside the placeholder).
 
-Namespace mode (pods): CRIU runs via `nsenter -t namespace_pid -m -u -i -n -p`; CRIU, its libraries,
-the images and the work dir reach it only as inherited O_PATH directory fds (`/proc/self/fd/N/...`),
-never mounted where the workload could see them. `pid` stays a host PID; the captured root must not
+Namespace mode (pods): CRIU runs via `nsenter -t namespace_pid -m -u -i -n -p`, and must be statically
+linked (refused otherwise: the container's loader and libc would run it); its binary, the images and
+the work dir reach it only as inherited O_PATH fds (`/proc/self/fd/N`), never mounted where the
+workload could see them. `pid` stays a host PID; the captured root must not
 be PID 1 of its PID namespace (refused at capture: that PID is never free in a destination). The
 restore joins namespace_pid's cgroups; the tree comes back with the same namespace PIDs (which must be
 free there: checked first) and is re-parented to that PID namespace's PID 1, so a placeholder that is

@@ -1,19 +1,18 @@
-"""Which CRIU to run: lookup, bundle unwrapping, version, and the libraries it needs inside a container.
+"""Which CRIU to run: lookup, bundle unwrapping, version, and whether it may run inside a container.
 
 Lookup order: an explicit path, `PODSNAP_CRIU`, `.tools/bin/criu` of this checkout, `criu` on PATH. A
-bundle wrapper (`criu.sh` next to a `criu` ELF and `lib/`, as `make setup` builds) is unwrapped so the
-ELF can be run directly with `LD_LIBRARY_PATH`, which namespace mode needs.
+bundle wrapper (`criu.sh` next to a `criu` ELF, and `lib/` for a dynamic build) is unwrapped so the
+ELF itself is run. Only a statically linked CRIU (`make setup` builds one) may run inside a container:
+the kernel would load a dynamic one with the container's ELF interpreter and libc.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import os
 import re
 import shutil
+import struct
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,8 +20,7 @@ from podsnap.engine.errors import CriuError
 
 MIN_MAJOR = 4
 REPO_ROOT = Path(__file__).resolve().parents[3]
-#: libraries that must come from the container itself (they must match its dynamic loader)
-GLIBC_LIB = re.compile(r"/(libc|libm|libpthread|libdl|librt|libresolv|ld-linux[^/]*)[.-]")
+_PT_DYNAMIC, _PT_INTERP, _DT_NEEDED = 2, 3, 1
 
 
 @dataclass(frozen=True)
@@ -36,6 +34,11 @@ class CriuBinary:
     def is_elf(self) -> bool:
         return _is_elf(self.exe)
 
+    @property
+    def is_static(self) -> bool:
+        """True when the kernel runs `exe` without an ELF interpreter and it needs no shared library."""
+        return linked_statically(self.exe)
+
     def env(self, lib_dir: str | None = None) -> dict[str, str]:
         env = dict(os.environ)
         lib = lib_dir or (str(self.lib_dir) if self.lib_dir else None)
@@ -47,6 +50,33 @@ class CriuBinary:
 def _is_elf(path: Path) -> bool:
     with path.open("rb") as f:
         return f.read(4) == b"\x7fELF"
+
+
+def linked_statically(path: Path) -> bool:
+    """Whether the ELF64 little-endian file at `path` has no PT_INTERP and no DT_NEEDED (static or static-pie).
+
+    Anything else, including a file this cannot parse, counts as dynamic.
+    """
+    try:
+        data = path.read_bytes()
+        if data[:4] != b"\x7fELF" or data[4:6] != b"\x02\x01":
+            return False
+        (phoff,) = struct.unpack_from("<Q", data, 32)
+        phentsize, phnum = struct.unpack_from("<HH", data, 54)
+        for i in range(phnum):
+            p_type, _, p_offset, _, _, p_filesz = struct.unpack_from("<IIQQQQ", data, phoff + i * phentsize)
+            if p_type == _PT_INTERP:
+                return False
+            if p_type == _PT_DYNAMIC:
+                for off in range(p_offset, p_offset + p_filesz - 15, 16):
+                    (tag,) = struct.unpack_from("<q", data, off)
+                    if tag == _DT_NEEDED:
+                        return False
+                    if tag == 0:
+                        break
+    except (OSError, struct.error):
+        return False
+    return True
 
 
 def _unwrap(path: Path) -> CriuBinary:
@@ -103,33 +133,3 @@ def read_version(binary: CriuBinary) -> str:
             f"CRIU {m.group(0).split()[-1]} is too old: podsnap needs CRIU >= {MIN_MAJOR} (run `make setup`)"
         )
     return ".".join(g for g in m.groups() if g is not None)
-
-
-def collect_namespace_libs(binary: CriuBinary) -> Path:
-    """A private copy of every library `ldd` resolves for CRIU here except glibc's (cached per binary).
-
-    For a CRIU without a bundle `lib/` (e.g. a distribution's): the container has none of them, and
-    only glibc may come from the container (its loader must match its libc).
-    """
-    out = subprocess.run(
-        ["ldd", str(binary.exe)], check=False, capture_output=True, text=True, timeout=30, env=binary.env()
-    )
-    libs = [
-        Path(parts[2])
-        for parts in (line.split() for line in out.stdout.splitlines())
-        if len(parts) >= 3 and parts[1] == "=>" and parts[2].startswith("/") and not GLIBC_LIB.search(parts[2])
-    ]
-    missing = [line.split()[0] for line in out.stdout.splitlines() if "not found" in line]
-    if missing:
-        raise CriuError(f"{binary.exe} needs libraries not found here: {', '.join(missing)}")
-    st = binary.exe.stat()
-    key = f"{binary.exe}:{st.st_size}:{st.st_mtime_ns}".encode()
-    cache = Path(tempfile.gettempdir()) / f"podsnap-criu-libs-{hashlib.sha256(key).hexdigest()[:12]}"
-    if not cache.is_dir():
-        stage = Path(tempfile.mkdtemp(prefix=cache.name + ".", dir=cache.parent))
-        for lib in libs:
-            shutil.copy2(lib, stage / lib.name)
-        with contextlib.suppress(OSError):  # a concurrent copy may have won; either is complete
-            stage.rename(cache)
-        shutil.rmtree(stage, ignore_errors=True)
-    return cache

@@ -3,14 +3,16 @@
 Namespace mode (`namespace_pid`): CRIU runs as `nsenter -t PID -m -u -i -n -p -- CRIU ...`, so it
 sees the target's mounts, PID namespace and network exactly as the workload does: the dump needs no
 external mounts, and a restore lands in the destination's PID namespace (re-parented to its PID 1)
-with the same namespace PIDs. CRIU itself, its libraries, the images and the work dir are NOT made
-visible in the target's mount namespace: they are opened here as O_PATH directory descriptors that
-the nsenter child inherits, and CRIU is pointed at `/proc/self/fd/N/...`. Nothing is mounted, so
-the workload can never see them. CRIU still runs with the destination's dynamic loader and libc, so
-the container's glibc must be at least the one CRIU was built against (2.36 for `make setup`'s build).
-Running it through this host's loader instead (`ld.so --library-path ... criu`) was tried and fails
-at restore: /proc/self/exe is then ld.so, which the restored process maps too, and the restorer's
-PR_SET_MM_MAP gets EBUSY. A static CRIU build would lift the glibc requirement.
+with the same namespace PIDs. It runs there as root with every capability, among files the workload
+controls, so it must load and run nothing of theirs: only a statically linked CRIU is accepted (no
+ELF interpreter, no libraries; `make setup` builds one that also never executes a program or loads a
+plugin, see hack/build-criu.sh), with an environment of PATH alone. CRIU's binary, the images and the
+work dir are NOT made visible in the target's mount namespace: the binary file and the two dirs are
+opened here as O_PATH descriptors that the nsenter child inherits, and CRIU is pointed at
+`/proc/self/fd/N`. No other descriptor of this process's filesystem crosses, and nothing is mounted,
+so the workload can never see them. (Running a dynamic CRIU through this host's loader,
+`ld.so --library-path ... criu`, was tried and fails at restore: /proc/self/exe is then ld.so, which
+the restored process maps too, and the restorer's PR_SET_MM_MAP gets EBUSY.)
 
 Logs: each run writes `<action>.log` into its work dir, which the caller chooses (and keeps when the
 run fails). A failure raises CriuError whose message is one sentence (exit status, CRIU's first
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from podsnap.engine import _proctree as proctree
-from podsnap.engine._criu_binary import CriuBinary, collect_namespace_libs, find_binary, read_version
+from podsnap.engine._criu_binary import CriuBinary, find_binary, read_version
 from podsnap.engine._criu_config import CriuOptions, config_text
 from podsnap.engine.errors import CriuError
 
@@ -83,43 +85,53 @@ def work_dir(action: str, *, explicit: Path | None = None, log_dir: Path | None 
 
 @dataclass(frozen=True)
 class _View:
-    """How the CRIU process sees its binary, images, work dir and libraries, and the fds it must inherit."""
+    """How the CRIU process sees its binary, images and work dir, and the fds it must inherit."""
 
     exe: str
     images: str
     work: str
-    lib: str | None
     prefix: tuple[str, ...] = ()
     fds: tuple[int, ...] = ()
 
 
 @contextlib.contextmanager
-def _view(
-    binary: CriuBinary, images_dir: Path, work_dir: Path, ns_libs: Path | None, namespace_pid: int | None
-) -> Iterator[_View]:
-    """On the host: plain paths. In namespace mode: O_PATH directory fds the nsenter child inherits, seen
-    as `/proc/self/fd/N/...` (nothing is mounted where the workload could see it); closed afterwards."""
+def _view(binary: CriuBinary, images_dir: Path, work_dir: Path, namespace_pid: int | None) -> Iterator[_View]:
+    """On the host: plain paths. In namespace mode: O_PATH fds of the static binary file, the images dir
+    and the work dir, which the nsenter child inherits, seen as `/proc/self/fd/N` (nothing is mounted
+    where the workload could see it); closed afterwards."""
     if namespace_pid is None:
-        yield _View(str(binary.exe), str(images_dir), str(work_dir), None)
+        yield _View(str(binary.exe), str(images_dir), str(work_dir))
         return
-    if not binary.is_elf:
-        raise CriuError(f"{binary.exe} is a wrapper script: namespace mode needs the CRIU ELF")
-    dirs = [binary.exe.parent, images_dir, work_dir, *([ns_libs] if ns_libs is not None else [])]
     fds: list[int] = []
     try:
-        for d in dirs:
+        fds.append(os.open(binary.exe, os.O_PATH | os.O_CLOEXEC))
+        for d in (images_dir, work_dir):
             fds.append(os.open(d, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
         yield _View(
-            exe=f"/proc/self/fd/{fds[0]}/{binary.exe.name}",
+            exe=f"/proc/self/fd/{fds[0]}",
             images=f"/proc/self/fd/{fds[1]}",
             work=f"/proc/self/fd/{fds[2]}",
-            lib=f"/proc/self/fd/{fds[3]}" if ns_libs is not None else None,
             prefix=("nsenter", "-t", str(namespace_pid), "-m", "-u", "-i", "-n", "-p", "--"),
             fds=tuple(fds),
         )
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _require_static(binary: CriuBinary) -> None:
+    if not binary.is_static:
+        raise CriuError(
+            f"{binary.exe} is not a statically linked CRIU: inside a container the kernel would load it with "
+            "the container's own ELF interpreter and libc, as root. Namespace mode needs a static CRIU "
+            "(`make setup` builds one; hack/build-criu.sh)"
+        )
+
+
+def _namespace_env() -> dict[str, str]:
+    """CRIU's whole environment in namespace mode: PATH, for finding nsenter here. Nothing else of ours
+    (LD_*, CRIU_CONFIG_FILE, CRIU_LIBS_DIR, XDG_RUNTIME_DIR...) may steer CRIU inside a container."""
+    return {"PATH": os.environ.get("PATH", os.defpath)}
 
 
 def _join_cgroups_of(pid: int) -> Callable[[], None]:
@@ -144,12 +156,6 @@ def failure(action: str, returncode: int, output: str, log: Path, namespace_pid:
     where = f" (namespaces of pid {namespace_pid})" if namespace_pid else ""
     said = [ln.strip() for ln in output.splitlines() if ln.strip()]
     cause = first_error(log) or (said[-1][:_CAUSE_CHARS] if said else "no error line in its log")
-    glibc = [ln for ln in said if "GLIBC_" in ln]
-    if glibc and namespace_pid is not None:
-        cause = (
-            f"{glibc[0][:200]}: the container's glibc is older than the one CRIU was built against "
-            "(use a CRIU built statically or against an older glibc)"
-        )
     kept = log.is_file()
     return CriuError(
         f"criu {action} exited with {returncode}{where}: {cause} "
@@ -212,7 +218,7 @@ class _Call:
     monitor: Callable[[int], None] | None = None
 
 
-def _invoke(binary: CriuBinary, ns_libs: Path | None, call: _Call) -> None:
+def _invoke(binary: CriuBinary, call: _Call) -> None:
     """Write the config, run CRIU (on the host, or through nsenter into the target's namespaces), wait for
     it (killing it on a timeout or when `monitor` raises), and raise CriuError when it failed."""
     work, action, ns = call.work_dir, call.action, call.namespace_pid
@@ -222,7 +228,7 @@ def _invoke(binary: CriuBinary, ns_libs: Path | None, call: _Call) -> None:
     log = work / f"{action}.log"
     with contextlib.suppress(FileNotFoundError):
         log.unlink()
-    with _view(binary, call.images_dir, work, ns_libs, ns) as v:
+    with _view(binary, call.images_dir, work, ns) as v:
         cmd = [*v.prefix, v.exe, action, "--no-default-config", "--config", f"{v.work}/{conf.name}"]
         cmd += ["-D", v.images, "-W", v.work, "-o", log.name, f"-v{int(call.options.log_level)}", *call.args]
         preexec = _join_cgroups_of(ns) if (ns is not None and call.join_cgroups) else None
@@ -232,7 +238,7 @@ def _invoke(binary: CriuBinary, ns_libs: Path | None, call: _Call) -> None:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                env=binary.env(v.lib),
+                env=binary.env() if ns is None else _namespace_env(),
                 pass_fds=(*v.fds, *call.pass_fds),
                 preexec_fn=preexec,  # noqa: PLW1509 - only writes our pid to cgroup.procs before exec
             )
@@ -249,25 +255,12 @@ class Criu:
     def __init__(self, binary: CriuBinary | None = None) -> None:
         self.binary = binary or find_binary()
         self._version: str | None = None
-        self._ns_libs: Path | None = None
 
     def version(self) -> str:
         """CRIU's version ("4.2.1"); raise CriuError when older than 4 or not runnable."""
         if self._version is None:
             self._version = read_version(self.binary)
         return self._version
-
-    def namespace_lib_dir(self) -> Path | None:
-        """A directory with every library CRIU needs beyond glibc, to reach it inside a container.
-
-        The bundle's `lib/` when there is one; otherwise the libraries `ldd` resolves here, copied once
-        into a private cache dir.
-        """
-        if self.binary.lib_dir is not None:
-            return self.binary.lib_dir
-        if self._ns_libs is None:
-            self._ns_libs = collect_namespace_libs(self.binary)
-        return self._ns_libs
 
     def check(self) -> tuple[bool, str]:
         """`criu check`: (passed, its output)."""
@@ -283,8 +276,10 @@ class Criu:
         return out.returncode == 0 and "Looks good" in text, text
 
     def _run(self, call: _Call) -> None:
+        if call.namespace_pid is not None:
+            _require_static(self.binary)
         self.version()
-        _invoke(self.binary, self.namespace_lib_dir() if call.namespace_pid is not None else None, call)
+        _invoke(self.binary, call)
 
     def dump(
         self,

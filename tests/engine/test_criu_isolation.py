@@ -1,0 +1,421 @@
+"""CRIU in namespace mode runs nothing a workload controls, and sees no directory of the agent (#10, 1).
+
+The agent runs CRIU inside a container's namespaces, as root with every capability. These tests build
+"pods" with their own root filesystem (pivot_root, like a container runtime), attack CRIU through
+that filesystem, and check that a capture and a restore still round-trip a worker:
+- a hostile root: /etc/ld.so.preload, a planted ELF interpreter and libc, CRIU plugins, an NSS module,
+  and trojan sh/iptables/ip/tar/apparmor_parser programs, each recording when it runs; a planted
+  kdat cache and CRIU config files;
+- a root with no libc at all (the worker and the pod's init are one static binary);
+- the descriptors of the running CRIU process: none is a directory of the agent's mount namespace
+  other than the images and work dirs.
+The programs (worker, init, trojans) come from isolation_helper.c, compiled here with gcc.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from podsnap.engine import (
+    CaptureOptions,
+    Criu,
+    CriuBinary,
+    CriuError,
+    CriuOptions,
+    RestoreOptions,
+    capture,
+    restore,
+)
+
+pytestmark = pytest.mark.slow
+
+HERE = Path(__file__).resolve().parent
+SOURCE = HERE / "isolation_helper.c"
+#: CRIU options of the agent: connections are closed (a new pod has a new IP), so no network locking
+AGENT_CRIU = CriuOptions(tcp="close")
+#: every name CRIU may execute (kerndat, network locking, net ns, tmpfs, AppArmor, action scripts)
+TROJAN_NAMES = (
+    "sh",
+    "iptables",
+    "ip6tables",
+    "iptables-restore",
+    "ip6tables-restore",
+    "iptables-save",
+    "iptables-legacy",
+    "iptables-nft",
+    "ip",
+    "tar",
+    "apparmor_parser",
+)
+TROJAN_DIRS = ("bin", "sbin", "usr/bin", "usr/sbin", "usr/local/bin", "usr/local/sbin")
+PLANTED_KDAT = b"podsnap-test: CRIU must neither read nor replace a kerndat cache of the container\n"
+
+
+@dataclass(frozen=True)
+class Programs:
+    helper: Path  # static: pod init, worker, spawner, and every trojan program
+    evil_so: Path  # a shared object whose constructor records that it ran
+    interp: Path  # an ELF interpreter that records that it ran
+
+
+@pytest.fixture(scope="session")
+def programs(tmp_path_factory: pytest.TempPathFactory) -> Programs:
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("gcc not installed (apt-get install build-essential)")
+    out = tmp_path_factory.mktemp("isolation-programs")
+    builds = {
+        "helper": ["-static"],
+        "evil.so": ["-DNOLIBC", "-shared", "-fPIC", "-nostdlib"],
+        "interp": ["-DNOLIBC", "-static", "-nostdlib"],
+    }
+    for name, flags in builds.items():
+        r = subprocess.run(
+            [gcc, "-O1", "-Wall", "-Werror", *flags, "-o", str(out / name), str(SOURCE)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if r.returncode != 0:
+            pytest.skip(f"cannot build the test programs (gcc -static needs libc6-dev): {r.stderr.strip()[:200]}")
+    return Programs(out / "helper", out / "evil.so", out / "interp")
+
+
+def _install(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(src, dst)
+
+
+def bare_root(root: Path, progs: Programs) -> Path:
+    """A container root filesystem with one static program and no libc, loader or shell."""
+    for d in ("proc", "state", "pwned", "run", "tmp"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    _install(progs.helper, root / "bin" / "podtest")
+    return root
+
+
+def hostile_root(root: Path, progs: Programs) -> Path:
+    """A bare root plus everything a workload could plant for a process that enters it as root."""
+    bare_root(root, progs)
+    (root / "etc").mkdir()
+    (root / "etc" / "ld.so.preload").write_text("/lib/podsnap-evil.so\n")
+    _install(progs.evil_so, root / "lib" / "podsnap-evil.so")
+    _install(progs.interp, root / "lib64" / "ld-linux-x86-64.so.2")
+    _install(progs.interp, root / "lib" / "x86_64-linux-gnu" / "ld-linux-x86-64.so.2")
+    for libdir in ("lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu", "lib64"):
+        for lib in ("libc.so.6", "libprotobuf-c.so.1", "libnl-3.so.200", "libnet.so.1", "libnss_evil.so.2"):
+            _install(progs.evil_so, root / libdir / lib)
+    for plugins in ("usr/lib/criu", "usr/local/lib/criu", "usr/lib64/criu"):
+        _install(progs.evil_so, root / plugins / "podsnap-evil.so")
+    (root / "etc" / "nsswitch.conf").write_text(
+        "".join(f"{db}: evil\n" for db in ("hosts", "protocols", "services", "passwd", "group"))
+    )
+    for d in TROJAN_DIRS:
+        for name in TROJAN_NAMES:
+            _install(progs.helper, root / d / name)
+    # CRIU reads these unless told otherwise; an action script would run a trojan
+    for conf in ("etc/criu/default.conf", "root/.criu/default.conf"):
+        (root / conf).parent.mkdir(parents=True, exist_ok=True)
+        (root / conf).write_text("action-script /bin/sh\nlib /usr/lib/criu\n")
+    (root / "run" / "criu.kdat").write_bytes(PLANTED_KDAT)
+    return root
+
+
+def _host_pid(ns_pid: int, init_pid: int) -> int:
+    """The host PID of `ns_pid` in the PID namespace of `init_pid` (from /proc/*/status NSpid)."""
+    want = Path(f"/proc/{init_pid}/ns/pid").stat().st_ino
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            fields = next(
+                ln.split()[1:] for ln in (entry / "status").read_text().splitlines() if ln.startswith("NSpid:")
+            )
+            if len(fields) >= 2 and int(fields[-1]) == ns_pid and (entry / "ns" / "pid").stat().st_ino == want:
+                return int(entry.name)
+    raise LookupError(f"no process {ns_pid} in the PID namespace of {init_pid}")
+
+
+def _state(pid: int) -> str:
+    """The process state letter of `pid` (R, S, T, Z...), or "gone"."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
+
+
+def _alive(pid: int) -> bool:
+    return _state(pid) not in ("Z", "gone")
+
+
+def _wait_for(what: str, check: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+@dataclass(frozen=True)
+class Report:
+    token: str
+    checksum: str
+    count: int
+
+
+class RootPod:
+    """A pod-like sandbox whose mount namespace has `root` as its root (like a container's), with its own
+    PID, UTS and IPC namespaces (host network) and a static init that reaps orphans."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        log, pidfile = root.parent / f"{root.name}.log", root.parent / f"{root.name}.unshare.pid"
+        cmd = (
+            f"echo $$ > {pidfile}; exec unshare --pid --mount --uts --ipc --fork "
+            f"{root}/bin/podtest pod {root} </dev/null >{log} 2>&1"
+        )
+        subprocess.run(["setsid", "-f", "sh", "-c", cmd], check=True)
+        _wait_for("the pod to start", lambda: "pod ready" in (log.read_text() if log.exists() else ""))
+        self.unshare_pid = int(pidfile.read_text())
+        children = Path(f"/proc/{self.unshare_pid}/task/{self.unshare_pid}/children").read_text().split()
+        self.init_pid = int(children[0])
+
+    def start_worker(self) -> tuple[int, int, str]:
+        """A worker inside, re-parented to the pod's init: (namespace PID, host PID, its random token)."""
+        r = subprocess.run(
+            ["nsenter", "-t", str(self.init_pid), "-m", "-u", "-i", "-n", "-p", "--", "/bin/podtest", "spawn"],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=30,
+        )
+        assert r.returncode == 0, r.stderr
+        ready = self.root / "state" / "ready"
+        _wait_for("the worker to start", ready.exists)
+        token, ns_pid = ready.read_text().split()
+        assert int(ns_pid) == int(r.stdout)
+        return int(ns_pid), _host_pid(int(ns_pid), self.init_pid), token
+
+    def ask(self, host_pid: int) -> Report:
+        """Have the worker report its token, a checksum of its memory and how often it was asked."""
+        report = self.root / "state" / "report"
+        seen = len(report.read_text().splitlines()) if report.exists() else 0
+        os.kill(host_pid, signal.SIGUSR1)
+        _wait_for("the worker's report", lambda: report.exists() and len(report.read_text().splitlines()) > seen)
+        token, checksum, count = report.read_text().splitlines()[-1].split()
+        return Report(token, checksum, int(count))
+
+    def markers(self) -> list[str]:
+        return sorted(p.name for p in (self.root / "pwned").iterdir())
+
+    def stop(self) -> None:
+        for pid in (self.unshare_pid, self.init_pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)  # the init dying takes the whole PID namespace with it
+
+
+MakePod = Callable[[Path], RootPod]
+
+
+@pytest.fixture
+def make_pod() -> Iterator[MakePod]:
+    pods: list[RootPod] = []
+
+    def make(root: Path) -> RootPod:
+        pods.append(RootPod(root))
+        return pods[-1]
+
+    yield make
+    for pod in pods:
+        pod.stop()
+
+
+def _round_trip(criu: Criu, src: RootPod, dst: RootPod, art: Path) -> None:
+    _, host_pid, token = src.start_worker()
+    before = src.ask(host_pid)
+    assert before.token == token and before.count == 1
+    capture(host_pid, art, CaptureOptions(namespace_pid=src.init_pid, criu=AGENT_CRIU), criu=criu)
+    _wait_for("the dumped worker to go", lambda: not _alive(host_pid))
+    restored = restore(art, RestoreOptions(namespace_pid=dst.init_pid, criu=AGENT_CRIU), criu=criu)
+    after = dst.ask(restored.pid)
+    assert (after.token, after.checksum) == (before.token, before.checksum), "memory came back bit-exact"
+    assert after.count == before.count + 1, "and the worker carried on from where it was"
+
+
+def test_a_hostile_container_root_never_gets_code_into_criu(
+    criu: Criu, programs: Programs, make_pod: MakePod, tmp_path: Path
+) -> None:
+    src = make_pod(hostile_root(tmp_path / "src", programs))
+    dst = make_pod(hostile_root(tmp_path / "dst", programs))
+    host_only = tmp_path / "host-only"
+    host_only.mkdir()
+
+    _round_trip(criu, src, dst, host_only / "snap")
+
+    for pod in (src, dst):
+        assert pod.markers() == [], f"CRIU ran code planted in {pod.root.name}'s root: {pod.markers()}"
+        kdat = pod.root / "run" / "criu.kdat"
+        assert kdat.read_bytes() == PLANTED_KDAT, "CRIU read (and replaced) the container's kerndat cache"
+        assert sorted(p.name for p in (pod.root / "run").iterdir()) == ["criu.kdat"]
+
+
+def test_a_container_root_without_any_libc_round_trips(
+    criu: Criu, programs: Programs, make_pod: MakePod, tmp_path: Path
+) -> None:
+    src = make_pod(bare_root(tmp_path / "src", programs))
+    dst = make_pod(bare_root(tmp_path / "dst", programs))
+    for pod in (src, dst):
+        assert not any(p.name.startswith(("libc.so", "ld-linux")) for p in pod.root.rglob("*")), "no libc, no loader"
+    host_only = tmp_path / "host-only"
+    host_only.mkdir()
+    _round_trip(criu, src, dst, host_only / "snap")
+
+
+@dataclass
+class FdSample:
+    """What one CRIU process held, seen from here: every descriptor, its cwd and its root."""
+
+    pid: int
+    fds: dict[int, tuple[str, os.stat_result, int]] = field(default_factory=dict)  # fd -> (link, stat, mnt_id)
+    mounts: set[int] = field(default_factory=set)  # mount IDs of CRIU's own mount namespace
+    cwd: os.stat_result | None = None
+    root: os.stat_result | None = None
+
+
+class CriuWatcher:
+    """Stops each CRIU process this test starts (a child of its nsenter) as soon as it runs CRIU's binary,
+    records its descriptors, and lets it go on."""
+
+    def __init__(self, criu_exe: Path) -> None:
+        self.exe = criu_exe.stat()
+        self.samples: list[FdSample] = []
+        self._seen: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> CriuWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _candidates(self) -> Iterator[int]:
+        me = os.getpid()
+        for task in Path(f"/proc/{me}/task").iterdir():
+            with contextlib.suppress(OSError):
+                for child in (task / "children").read_text().split():
+                    with contextlib.suppress(OSError):
+                        yield from (int(g) for g in Path(f"/proc/{child}/task/{child}/children").read_text().split())
+
+    def _is_criu(self, pid: int) -> bool:
+        try:
+            st = Path(f"/proc/{pid}/exe").stat()
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == (self.exe.st_dev, self.exe.st_ino)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for pid in self._candidates():
+                if pid not in self._seen and self._is_criu(pid):
+                    self._seen.add(pid)
+                    self._sample(pid)
+            time.sleep(0.001)
+
+    def _sample(self, pid: int) -> None:
+        nsenter = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            _wait_for("CRIU to stop", lambda: _state(pid) == "T")
+            sample = FdSample(pid)
+            for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
+                sample.mounts.add(int(line.split()[0]))
+            for entry in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    link = str(entry.readlink())
+                    info = Path(f"/proc/{pid}/fdinfo/{entry.name}").read_text()
+                    mnt = int(next(ln.split()[1] for ln in info.splitlines() if ln.startswith("mnt_id:")))
+                    sample.fds[int(entry.name)] = (link, entry.stat(), mnt)
+            sample.cwd = Path(f"/proc/{pid}/cwd").stat()
+            sample.root = Path(f"/proc/{pid}/root").stat()
+            self.samples.append(sample)
+        finally:
+            # nsenter stops itself when its child stops, and continues the child once it is continued
+            with contextlib.suppress(TimeoutError):
+                _wait_for("nsenter to follow its child", lambda: _state(nsenter) in ("T", "gone"), timeout_s=5)
+            for p in (nsenter, pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGCONT)
+
+
+def _same(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def test_criu_holds_no_directory_of_the_agent_but_the_images_and_work_dirs(
+    criu: Criu, programs: Programs, make_pod: MakePod, tmp_path: Path
+) -> None:
+    src = make_pod(bare_root(tmp_path / "src", programs))
+    dst = make_pod(bare_root(tmp_path / "dst", programs))
+    agent = tmp_path / "agent"
+    images, dump_work, restore_work = agent / "images", agent / "dump-work", agent / "restore-work"
+    for d in (images, dump_work, restore_work):
+        d.mkdir(parents=True)
+    ns_pid, host_pid, _ = src.start_worker()
+    before = src.ask(host_pid)
+
+    with CriuWatcher(criu.binary.exe) as watcher:
+        criu.dump(ns_pid, images, dump_work, AGENT_CRIU, namespace_pid=src.init_pid)
+        _wait_for("the dumped worker to go", lambda: not _alive(host_pid))
+        restored_ns_pid = criu.restore(images, restore_work, AGENT_CRIU, namespace_pid=dst.init_pid)
+    assert restored_ns_pid == ns_pid
+    assert dst.ask(_host_pid(ns_pid, dst.init_pid)).checksum == before.checksum
+
+    assert len(watcher.samples) == 2, "the watcher saw the dump's CRIU and the restore's"
+    for sample, pod, work in zip(watcher.samples, (src, dst), (dump_work, restore_work), strict=True):
+        pod_root = pod.root.stat()
+        assert sample.root is not None and _same(sample.root, pod_root), "CRIU's root is the container's"
+        assert sample.cwd is not None
+        assert _same(sample.cwd, pod_root) or _same(sample.cwd, work.stat()), "cwd: the container's root or -W"
+        allowed = {"images": images.stat(), "work": work.stat()}
+        agent_dirs: dict[int, str] = {}
+        for fd, (link, st, mnt) in sample.fds.items():
+            if mnt in sample.mounts or not stat.S_ISDIR(st.st_mode):
+                continue  # the container's own files, or not a directory
+            agent_dirs[fd] = next((name for name, a in allowed.items() if _same(st, a)), link)
+        assert set(agent_dirs.values()) == {"images", "work"}, (
+            f"CRIU (pid {sample.pid}) holds directories of the agent's mount namespace: {agent_dirs}"
+        )
+        others = [
+            link
+            for link, st, mnt in sample.fds.values()
+            if mnt not in sample.mounts
+            and link.startswith("/")
+            and not stat.S_ISDIR(st.st_mode)
+            and not (stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3))  # stdin: /dev/null
+            and not _same(st, criu.binary.exe.stat())
+            and not link.startswith((f"{images}/", f"{work}/"))
+        ]
+        assert others == [], f"CRIU holds files of the agent's mount namespace: {others}"
+
+
+def test_namespace_mode_refuses_a_dynamically_linked_criu(tmp_path: Path) -> None:
+    dynamic = Path(shutil.which("true") or "/bin/true").resolve()
+    runner = Criu(CriuBinary(dynamic))
+    with pytest.raises(CriuError, match="static") as err:
+        runner.dump(1, tmp_path / "images", tmp_path / "work", AGENT_CRIU, namespace_pid=os.getpid())
+    assert str(dynamic) in str(err.value)
