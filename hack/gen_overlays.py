@@ -72,8 +72,8 @@ def relabel(doc: dict[str, Any]) -> None:
 
 def keep_existing_tls(docs: list[dict[str, Any]], base: Path) -> None:
     secret = next((d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"].endswith("-webhook-tls")), None)
-    webhook = next((d for d in docs if d["kind"] == "MutatingWebhookConfiguration"), None)
-    if secret is None or webhook is None:
+    webhooks = [d for d in docs if d["kind"] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")]
+    if secret is None or not webhooks:
         return
     old_path = base / file_name(secret)
     if not old_path.exists():
@@ -82,7 +82,7 @@ def keep_existing_tls(docs: list[dict[str, Any]], base: Path) -> None:
     data = old.get("data") or {}
     if all(data.get(k) for k in TLS_KEYS):
         secret["data"] = {k: data[k] for k in TLS_KEYS}
-        for hook in webhook["webhooks"]:
+        for hook in (h for config in webhooks for h in config["webhooks"]):
             hook["clientConfig"]["caBundle"] = data["ca.crt"]
 
 

@@ -75,7 +75,7 @@ def manifest_objects(c: Cluster, release: str, namespace: str) -> list[dict[str,
 
 def test_every_rendered_object_exists_on_the_server(cluster: Cluster) -> None:
     objects = manifest_objects(cluster, RELEASE, NAMESPACE)
-    assert len(objects) == 19
+    assert len(objects) == 20
     for obj in objects:
         ns = ["-n", obj["metadata"]["namespace"]] if "namespace" in obj["metadata"] else []
         got = cluster.get(*ns, obj["kind"].lower(), obj["metadata"]["name"])
@@ -149,6 +149,11 @@ BAD: list[tuple[str, list[str]]] = [
 
 
 def test_example_resources_are_accepted_and_defaulted(cluster: Cluster) -> None:
+    # No operator runs in this suite, so the validating webhook it serves (failurePolicy Fail) would refuse
+    # every podsnap object here; it is tested with the operator in tests/operator/test_admission.py.
+    hook = cluster.get("validatingwebhookconfiguration", "podsnap-webhook")
+    assert {h["failurePolicy"] for h in hook["webhooks"]} == {"Fail"}
+    cluster.kubectl("delete", "validatingwebhookconfiguration", "podsnap-webhook")
     cluster.kubectl("create", "namespace", "examples")
     cluster.kubectl("-n", "examples", "create", "-f", "-", input=GOOD)
     job = cluster.get("-n", "examples", "snapjob", "capture")["spec"]

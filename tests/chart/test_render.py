@@ -55,7 +55,7 @@ def test_every_scenario_renders_the_expected_objects(matrix: dict[str, Docs]) ->
         ["CustomResourceDefinition"] * 4
         + ["ClusterRole", "ClusterRoleBinding", "ServiceAccount"] * 2
         + ["ConfigMap", "DaemonSet", "Deployment", "MutatingWebhookConfiguration", "PersistentVolumeClaim"]
-        + ["Secret", "Service", "Service", "Service"]
+        + ["Secret", "Service", "Service", "Service", "ValidatingWebhookConfiguration"]
     )
     assert "PersistentVolumeClaim" not in kinds(matrix["existing-claim"])
     assert "CustomResourceDefinition" not in kinds(matrix["no-crds"])
@@ -63,7 +63,8 @@ def test_every_scenario_renders_the_expected_objects(matrix: dict[str, Docs]) ->
     assert "Secret" not in kinds(matrix["cert-manager"]) and "Certificate" in kinds(matrix["cert-manager"])
     assert "Issuer" not in kinds(matrix["cert-manager"]) and "Issuer" in kinds(matrix["cert-manager-selfsigned"])
     minimal = kinds(matrix["minimal"])
-    for kind in ("MutatingWebhookConfiguration", "Secret", "Service", "ConfigMap", "ServiceAccount"):
+    webhooks = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+    for kind in (*webhooks, "Secret", "Service", "ConfigMap", "ServiceAccount"):
         assert kind not in minimal
 
 
@@ -129,7 +130,13 @@ def test_selectors_use_only_stable_labels(default_docs: Docs) -> None:
 
 
 def test_every_object_is_labelled_and_namespaced(default_docs: Docs, matrix: dict[str, Docs]) -> None:
-    cluster_scoped = {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}
+    cluster_scoped = {
+        "CustomResourceDefinition",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    }
     for doc in default_docs:
         assert labels_of(doc)["app.kubernetes.io/part-of"] == "podsnap", doc["kind"]
         if doc["kind"] in cluster_scoped:

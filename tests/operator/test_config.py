@@ -31,6 +31,7 @@ from tests.support.controlplane import free_port
 from tests.support.harness import render_chart
 from tests.support.operator_env import Env
 from tests.support.waiting import wait_for
+from tests.support.webhooks import validating_served_by
 
 BIN = Path(sys.executable).parent
 CHART = REPO / "charts" / "podsnap"
@@ -203,6 +204,7 @@ def webhook_tls(tmp_path: Path) -> tuple[Path, ssl.SSLContext]:
     cert_dir.mkdir()
     cert.cert_chain_pems[0].write_to_path(str(cert_dir / "tls.crt"))
     cert.private_key_pem.write_to_path(str(cert_dir / "tls.key"))
+    ca.cert_pem.write_to_path(str(cert_dir / "ca.crt"))
     client = ssl.create_default_context()
     ca.configure_trust(client)
     return cert_dir, client
@@ -266,8 +268,10 @@ def test_every_operator_variable_changes_what_the_operator_process_does(env: Env
             assert answer["response"]["uid"] == "probe-uid" and answer["response"]["allowed"] is True
             seen.update((c.ENV_WEBHOOK_PORT, c.ENV_WEBHOOK_PATH, c.ENV_WEBHOOK_CERT_DIR))
             # capture pods run with the chart's seccomp profile
-            env.cluster.create(c.PLURAL_SNAPSHOT_JOBS, _snapshot_job("cfg"), ns)
-            job = wait_for(lambda: env.cluster.kube.batch.list_namespaced_job(ns).items, what="the capture Job")[0]
+            # (the validating webhook, which fails closed, is this process's while the session operator is away)
+            with validating_served_by(env.cluster, f"https://127.0.0.1:{webhook}/hooks", cert_dir / "ca.crt"):
+                env.cluster.create(c.PLURAL_SNAPSHOT_JOBS, _snapshot_job("cfg"), ns)
+                job = wait_for(lambda: env.cluster.kube.batch.list_namespaced_job(ns).items, what="the capture Job")[0]
             profile = job.spec.template.spec.security_context.seccomp_profile
             assert (profile.type, profile.localhost_profile) == ("Localhost", "custom/profile.json")
             seen.add(c.ENV_SECCOMP_PROFILE)

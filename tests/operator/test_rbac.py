@@ -56,6 +56,8 @@ MATRIX = [
     ("delete", "nodes", False, False),
     ("patch", "nodes", False, False),
     ("create", "events", True, True),
+    ("create", "subjectaccessreviews.authorization.k8s.io", True, False),
+    ("create", "tokenreviews.authentication.k8s.io", False, False),
     ("get", "secrets", False, False),
     ("list", "secrets", False, False),
     ("create", "clusterrolebindings.rbac.authorization.k8s.io", False, False),

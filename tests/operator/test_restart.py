@@ -75,10 +75,18 @@ def test_operator_sigkilled_mid_flow_converges_without_duplicates(env: Env, ns: 
     env.operator.stop()
     proc = None
     try:
-        environ = {**os.environ, c.ENV_WEBHOOK_PORT: "0", c.ENV_METRICS_PORT: "0", c.ENV_HEALTH_PORT: "0"}
+        # the process serves the webhooks in the stopped operator's place (the validating one is failurePolicy Fail)
+        webhook = {
+            c.ENV_WEBHOOK_PORT: str(env.webhook_port),
+            c.ENV_WEBHOOK_CERT_DIR: str(env.operator_ctx.config.webhook_cert_dir),
+        }
+        environ = {**os.environ, **webhook, c.ENV_METRICS_PORT: "0", c.ENV_HEALTH_PORT: "0"}
         exe = Path(sys.executable).parent / "podsnap-operator"
         proc = subprocess.Popen([str(exe), "--kubeconfig", str(env.operator_kubeconfig)], env=environ)
-        env.cluster.create(c.PLURAL_SNAPSHOT_JOBS, snapshot_job("cap"), ns)
+        # admitted once the process's webhook server listens
+        wait_for(
+            lambda: env.cluster.create(c.PLURAL_SNAPSHOT_JOBS, snapshot_job("cap"), ns), what="SnapshotJob admitted"
+        )
         wait_for(lambda: env.cluster.kube.batch.list_namespaced_job(ns).items, what="Job from the process")
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)

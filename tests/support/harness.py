@@ -13,6 +13,7 @@ import contextlib
 import functools
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -56,8 +57,13 @@ def cond_is(obj: dict[str, Any] | None, type_: str, status: str = "True", reason
 class KopfThread:
     """Runs a component's `run(ctx, stop_flag=, ready_flag=)` in a thread with its own event loop."""
 
-    def __init__(self, name: str, run: Callable[..., Coroutine[Any, Any, None]], ctx: Any) -> None:
+    def __init__(
+        self, name: str, run: Callable[..., Coroutine[Any, Any, None]], ctx: Any, *, listens_on: int | None = None
+    ) -> None:
         self.name, self.run, self.ctx = name, run, ctx
+        #: a port the component serves (the operator's webhooks): started means listening there too, since
+        #: kopf reports ready before its webhook server binds, and the validating webhook fails closed
+        self.listens_on = listens_on
         self.thread: threading.Thread | None = None
         self.stop_flag = threading.Event()
         self.error: BaseException | None = None
@@ -76,6 +82,9 @@ class KopfThread:
         self.thread.start()
         if not ready.wait(timeout):
             raise AssertionError(f"{self.name} not ready after {timeout} s (error: {self.error!r})")
+        if self.listens_on:
+            port = self.listens_on
+            wait_for(lambda: socket.create_connection(("127.0.0.1", port), 1).close() is None, what=f"port {port}")
         return self
 
     def stop(self, timeout: float = 30.0) -> None:

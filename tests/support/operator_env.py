@@ -30,6 +30,7 @@ OTHER_NODE = "node-b"
 OPERATOR_SA = "podsnap-operator"
 AGENT_SA = "podsnap-agent"
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 
 
 @dataclass
@@ -101,15 +102,18 @@ def start_env(cp: ControlPlane, tmp: Path) -> Env:
     cert.cert_chain_pems[0].write_to_path(str(cert_dir / "tls.crt"))
     cert.private_key_pem.write_to_path(str(cert_dir / "tls.key"))
     port = free_port()
-    webhook = next(d for d in docs if d["kind"] == "MutatingWebhookConfiguration")
-    for hook in webhook["webhooks"]:
-        path = hook["clientConfig"]["service"]["path"]
-        hook["clientConfig"] = {
-            "url": f"https://127.0.0.1:{port}{path}",
-            "caBundle": base64.b64encode(ca.cert_pem.bytes()).decode(),
-        }
-        assert hook["failurePolicy"] == "Ignore"
-    _apply(cp, [webhook])
+    webhooks = [d for d in docs if d["kind"] in WEBHOOK_KINDS]
+    assert {d["kind"] for d in webhooks} == set(WEBHOOK_KINDS)
+    for config in webhooks:
+        for hook in config["webhooks"]:
+            path = hook["clientConfig"]["service"]["path"]
+            hook["clientConfig"] = {
+                "url": f"https://127.0.0.1:{port}{path}",
+                "caBundle": base64.b64encode(ca.cert_pem.bytes()).decode(),
+            }
+            if config["kind"] == "MutatingWebhookConfiguration":
+                assert hook["failurePolicy"] == "Ignore"
+    _apply(cp, webhooks)
 
     op_config = OperatorConfig(
         kubeconfig=str(op_kc),
@@ -125,7 +129,9 @@ def start_env(cp: ControlPlane, tmp: Path) -> Env:
     agent_config = AgentConfig(
         node_name=NODE, kubeconfig=str(agent_kc), artifact_root=artifact_root, metrics_port=0, health_port=0
     )
-    operator = KopfThread("operator", operator_main.run, operator_main.build_context(op_config)).start()
+    operator = KopfThread(
+        "operator", operator_main.run, operator_main.build_context(op_config), listens_on=port
+    ).start()
     agent = KopfThread("agent", agent_main.run, agent_main.build_context(agent_config, executor)).start()
     return Env(cluster, operator, agent, executor, artifact_root, op_kc, agent_kc, port, docs)
 

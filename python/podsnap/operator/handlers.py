@@ -1,6 +1,23 @@
 """Importing this module registers every operator handler in `runtime.registry`."""
 
-from podsnap.operator import on_pod_create, on_podsnapshot, on_policy, on_snapshotjob, on_spec_change, startup
+from podsnap.operator import (
+    on_pod_create,
+    on_podsnapshot,
+    on_policy,
+    on_snapshotjob,
+    on_spec_change,
+    on_validate,
+    startup,
+)
 from podsnap.operator.runtime import registry
 
-__all__ = ["on_pod_create", "on_podsnapshot", "on_policy", "on_snapshotjob", "on_spec_change", "registry", "startup"]
+__all__ = [
+    "on_pod_create",
+    "on_podsnapshot",
+    "on_policy",
+    "on_snapshotjob",
+    "on_spec_change",
+    "on_validate",
+    "registry",
+    "startup",
+]

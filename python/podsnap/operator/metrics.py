@@ -38,3 +38,9 @@ class OperatorMetrics(Metrics):
             ["reason"],
             registry=self.registry,
         )
+        self.admission_denied = Counter(
+            "podsnap_operator_admission_denied_total",
+            "Requests the validating webhook denied, by kind of object",
+            ["kind"],
+            registry=self.registry,
+        )
