@@ -20,6 +20,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -419,3 +420,54 @@ def test_namespace_mode_refuses_a_dynamically_linked_criu(tmp_path: Path) -> Non
     with pytest.raises(CriuError, match="static") as err:
         runner.dump(1, tmp_path / "images", tmp_path / "work", AGENT_CRIU, namespace_pid=os.getpid())
     assert str(dynamic) in str(err.value)
+
+
+LOOPBACK_PAIR = """
+import os, signal, socket, sys
+server = socket.socket()
+server.bind(("127.0.0.1", 0))
+server.listen()
+client = socket.create_connection(server.getsockname())
+peer, _ = server.accept()
+out = sys.argv[1]
+
+def ping(*_):
+    client.sendall(b"ping")
+    with open(out + ".tmp", "w") as f:
+        f.write(peer.recv(4).decode())
+    os.rename(out + ".tmp", out)
+
+signal.signal(signal.SIGUSR1, ping)
+with open(sys.argv[2] + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename(sys.argv[2] + ".tmp", sys.argv[2])
+while True:
+    signal.pause()
+"""
+
+
+def test_an_established_connection_is_dumped_without_running_any_program(criu: Criu, tmp_path: Path) -> None:
+    """CRIU would lock a live connection with iptables; podsnap's CRIU runs no program, so it is told not to."""
+    script, out, pidfile = tmp_path / "pair.py", tmp_path / "out", tmp_path / "pid"
+    script.write_text(LOOPBACK_PAIR)
+    subprocess.run(
+        ["setsid", "-f", sys.executable, str(script), str(out), str(pidfile)],
+        check=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    _wait_for("the connected pair to start", pidfile.exists)
+    pid = int(pidfile.read_text())
+    try:
+        result = capture(pid, tmp_path / "art", CaptureOptions(cuda="off"), criu=criu)
+        assert "tcp-established" in result.manifest.criu_options
+        assert "refused to run" not in (tmp_path / "art" / "logs" / "dump.log").read_text()
+        _wait_for("the dumped pair to go", lambda: not _alive(pid))
+        restored = restore(tmp_path / "art", criu=criu)
+        os.kill(restored.pid, signal.SIGUSR1)
+        _wait_for("a ping over the restored connection", out.exists)
+        assert out.read_text() == "ping"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)

@@ -19,6 +19,7 @@ def test_container_defaults_on_the_host() -> None:
         "file-locks",
         "ext-unix-sk",
         "manage-cgroups=soft",
+        "network-lock=skip",
         "link-remap",
     ]
 

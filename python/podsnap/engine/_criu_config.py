@@ -90,7 +90,9 @@ class CriuOptions:
     def dump_lines(
         self, namespaced: bool, *, net_ns_inode: int | None = None, leave_running: bool = False
     ) -> list[str]:
-        lines = self.common_lines(namespaced)
+        # connections are not firewalled while dumped: podsnap's CRIU never runs iptables (it runs no program
+        # at all, see hack/criu-guards.c), connections are closed in pods, and a quiesced worker sends nothing
+        lines = [*self.common_lines(namespaced), "network-lock=skip"]
         if self.link_remap:
             lines.append("link-remap")
         if self.external_net_ns and net_ns_inode is not None:
