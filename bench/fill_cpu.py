@@ -3,7 +3,10 @@
 A worker holds SIZE GiB of random bytes in one anonymous mapping (what a CUDA checkpoint leaves in a
 worker's host memory). For each mode, ROUNDS times: capture it (`fast_restore` off: CRIU keeps every
 page, schema 1; on: the region goes to a raw bulk file, schema 2), restore it, check the region's
-sha256. Prints the median of each phase; writes JSON to $OUT/fill-cpu.json when OUT is set.
+sha256. Prints the median of each phase and the CPU seconds the restore used (ours, CRIU's, and the restored
+task's, inside which CRIU's restorer copies the pages: on a busy machine wall times follow the load,
+CPU seconds do not); writes JSON to $OUT/fill-cpu.json when OUT
+is set.
 
 usage (root, CRIU from `make setup`): .venv/bin/python bench/fill_cpu.py [--gib 2] [--rounds 3] [--workers N]
 """
@@ -15,6 +18,7 @@ import hashlib
 import json
 import mmap
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -83,7 +87,10 @@ def one(gib: float, fast: bool, workers: int | None, scratch: Path) -> dict[str,
     try:
         pid, digest = start(gib, work)
         cap = capture(pid, work / "art", CaptureOptions(fast_restore=fast))
+        cpu0 = _cpu_s()
         res = restore(work / "art", RestoreOptions(expected_manifest_digest=cap.manifest_digest, fill_workers=workers))
+        # + the restored task's own CPU: CRIU's restorer copies the pages inside it, and it is not our child
+        cpu = _cpu_s() - cpu0 + _task_cpu_s(res.pid)
         ok = region_digest(res.pid) == digest
         return {
             "capture_ms": cap.timings_ms,
@@ -91,6 +98,7 @@ def one(gib: float, fast: bool, workers: int | None, scratch: Path) -> dict[str,
             "capture_bytes": cap.phase_bytes,
             "restore_bytes": res.phase_bytes,
             "schema": cap.manifest.schema_version,
+            "restore_cpu_s": cpu,
             "bit_exact": ok,
         }
     finally:
@@ -98,6 +106,18 @@ def one(gib: float, fast: bool, workers: int | None, scratch: Path) -> dict[str,
             kill_tree([pid])
             wait_gone(pid, timeout_s=30)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _cpu_s() -> float:
+    """User + system CPU seconds of this process and its waited-for children (CRIU)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _task_cpu_s(pid: int) -> float:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def median_phases(runs: list[dict[str, Any]], key: str) -> dict[str, float]:
@@ -128,7 +148,9 @@ def main() -> int:
         fill = runs[0]["restore_bytes"].get("fill", 0)
         rate = f", fill {fill / GIB / (restore_ms['fill'] / 1000):.2f} GiB/s" if fill and restore_ms.get("fill") else ""
         shown = {k: round(v) for k, v in restore_ms.items() if v >= 1}
-        print(f"{mode:5s} restore {restore_ms['total'] / 1000:.2f}s {shown}{rate}", flush=True)
+        cpu = statistics.median(r["restore_cpu_s"] for r in runs)
+        doc["modes"][mode]["restore_cpu_s"] = cpu
+        print(f"{mode:5s} restore {restore_ms['total'] / 1000:.2f}s {shown}{rate}; CPU {cpu:.2f}s", flush=True)
         print(f"      capture {doc['modes'][mode]['capture_ms']['total'] / 1000:.2f}s", flush=True)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "fill-cpu.json").write_text(json.dumps(doc, indent=1))
