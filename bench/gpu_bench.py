@@ -179,7 +179,7 @@ def phase_line(title: str, phases: dict[str, dict[str, Any]]) -> str:
     parts = []
     for name, p in phases.items():
         rate = f" {p['GiBps']:.1f} GiB/s" if p.get("GiBps") and p["bytes"] > (64 << 20) else ""
-        extra = f" of {p['large_runs_bytes'] / GIB:.1f}" if name == "cut" else ""
+        extra = f" of {p['large_runs_bytes'] / GIB:.2f}" if name == "cut" else ""
         size = f" {p['bytes'] / GIB:.2f}{extra} GiB" if name in ("cut", "fill", "criu_dump", "criu_restore") else ""
         parts.append(f"{name} {p['s']:.2f}s{size}{rate}")
     return f"    {title:<8} " + " | ".join(parts)
