@@ -185,11 +185,13 @@ def test_bad_criu_option_fails_with_the_log_and_leaves_the_source_serving(
 ) -> None:
     from podsnap.engine import CaptureError, CriuOptions
 
-    opts = CaptureOptions(criu=CriuOptions(extra=("external mnt[]:no-such-mount-key",)))
+    logs = tmp_path / "logs"
+    opts = CaptureOptions(criu=CriuOptions(extra=("external mnt[]:no-such-mount-key",)), log_dir=logs)
     with pytest.raises(CaptureError) as err:
         capture(worker.pid, tmp_path / "snap", opts, criu=criu)
     assert "Could not add external resource" in str(err.value), "CRIU's own words reach the caller"
     assert "\n" not in str(err.value), "one sentence, no log dump"
+    assert err.value.log_path is None and list(logs.iterdir()) == [], "CRIU wrote no log: no work dir is kept"
     assert err.value.source_alive is True
     assert worker.get()["init_id"] == worker.init_id
     _no_artifact_visible(tmp_path, "snap")

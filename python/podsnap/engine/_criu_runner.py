@@ -79,7 +79,12 @@ def work_dir(action: str, *, explicit: Path | None = None, log_dir: Path | None 
     parent = log_dir or Path(tempfile.gettempdir())
     parent.mkdir(parents=True, exist_ok=True)
     path = Path(tempfile.mkdtemp(prefix=f"podsnap-{action}-", dir=parent))
-    yield path
+    try:
+        yield path
+    except BaseException:
+        if not any(path.glob("*.log")):  # CRIU never got to write its log: nothing worth keeping
+            shutil.rmtree(path, ignore_errors=True)
+        raise
     shutil.rmtree(path, ignore_errors=True)
 
 
