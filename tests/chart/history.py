@@ -140,7 +140,7 @@ def normalized(objs: dict[tuple[str, str], Doc]) -> dict[tuple[str, str], Doc]:
     for secret in secrets:
         ca = secret["data"]["ca.crt"]
         for (kind, _), o in out.items():
-            if kind == "MutatingWebhookConfiguration":
+            if kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
                 for hook in o["webhooks"]:
                     assert hook["clientConfig"]["caBundle"] == ca, "caBundle is not the Secret's CA"
                     hook["clientConfig"]["caBundle"] = "<per-install CA>"
