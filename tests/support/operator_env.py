@@ -121,6 +121,7 @@ def start_env(cp: ControlPlane, tmp: Path) -> Env:
         webhook_port=port,
         webhook_host="127.0.0.1",
         webhook_cert_dir=cert_dir,
+        webhook_cert_check_s=0.5,  # a renewal test waits for the reload
         metrics_port=0,
         health_port=0,
     )

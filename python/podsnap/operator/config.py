@@ -24,6 +24,8 @@ class OperatorConfig:
     webhook_host: str = "0.0.0.0"
     webhook_path: str = f"/{WEBHOOK_PATH_ID}"
     webhook_cert_dir: Path = Path(c.WEBHOOK_CERT_DIR_DEFAULT)
+    #: how often the webhook's certificate files are checked for a renewal (reloaded in place when changed)
+    webhook_cert_check_s: float = 10.0
     metrics_port: int = 8080
     #: /healthz for the kubelet's probes (0: off)
     health_port: int = 8081

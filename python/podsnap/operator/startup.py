@@ -16,6 +16,7 @@ from podsnap.kube.entrypoint import register_login
 from podsnap.kube.settings import apply_common
 from podsnap.operator.config import OperatorConfig
 from podsnap.operator.runtime import ENTRYPOINT, OperatorContext, ctx_of, registry
+from podsnap.operator.webhook_server import ReloadingWebhookServer
 
 #: kopf's own bookkeeping lives under this prefix, apart from the agent's (they share PodSnapshotContents)
 PROGRESS_PREFIX = f"operator.{c.GROUP}"
@@ -36,12 +37,13 @@ def apply_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> N
     apply_common(settings, finalizer=c.FINALIZER_SNAPSHOT, progress_prefix=PROGRESS_PREFIX)
     cert, key = config.webhook_cert_dir / "tls.crt", config.webhook_cert_dir / "tls.key"
     if config.webhook_port and cert.exists() and key.exists():
-        settings.admission.server = kopf.WebhookServer(
+        settings.admission.server = ReloadingWebhookServer(
             addr=config.webhook_host,
             port=config.webhook_port,
             path=config.webhook_prefix or None,
-            certfile=str(cert),
-            pkeyfile=str(key),
+            certfile=cert,
+            pkeyfile=key,
+            interval=config.webhook_cert_check_s,
         )
     else:
         if config.webhook_port:
