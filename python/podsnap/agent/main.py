@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import os
-import threading
 
 from podsnap import contract as c
 from podsnap.agent.config import AgentConfig
@@ -32,15 +31,8 @@ def build_context(config: AgentConfig, executor: Executor | None = None) -> Agen
     )
 
 
-async def run(
-    ctx: AgentContext,
-    *,
-    stop_flag: asyncio.Event | threading.Event | None = None,
-    ready_flag: asyncio.Event | threading.Event | None = None,
-) -> None:
-    await entrypoint.run_kopf(
-        registry, ctx, health_port=ctx.config.health_port, stop_flag=stop_flag, ready_flag=ready_flag
-    )
+#: run(ctx, stop_flag=None, ready_flag=None): the handlers until stop_flag is set; tests run it in a thread
+run = functools.partial(entrypoint.run_kopf, registry)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         config.kubeconfig = args.kubeconfig
     entrypoint.configure_logging(config.log_level, verbose=args.verbose)
     ctx = build_context(config)
-    return entrypoint.serve(registry, ctx, metrics_port=config.metrics_port, health_port=config.health_port)
+    return entrypoint.serve(registry, ctx)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,20 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 T = TypeVar("T")
 
 
+class Settings(Protocol):
+    @property
+    def health_port(self) -> int: ...
+
+    @property
+    def metrics_port(self) -> int: ...
+
+
 class Context(Protocol):
+    """What a component's context offers this module: its settings, credentials and metrics."""
+
+    @property
+    def config(self) -> Settings: ...
+
     @property
     def credentials(self) -> Credentials: ...
 
@@ -48,11 +61,11 @@ async def run_kopf(
     registry: kopf.OperatorRegistry,
     ctx: Context,
     *,
-    health_port: int,
     stop_flag: asyncio.Event | threading.Event | None = None,
     ready_flag: asyncio.Event | threading.Event | None = None,
 ) -> None:
     """Run the registry's handlers until `stop_flag` is set (or forever). Tests call this in a thread."""
+    port = ctx.config.health_port
     await kopf.operator(
         registry=registry,
         memo=kopf.Memo(**{MEMO_KEY: ctx}),
@@ -61,7 +74,7 @@ async def run_kopf(
         standalone=True,
         stop_flag=stop_flag,
         ready_flag=ready_flag,
-        liveness_endpoint=f"http://0.0.0.0:{health_port}/healthz" if health_port else None,
+        liveness_endpoint=f"http://0.0.0.0:{port}/healthz" if port else None,
     )
 
 
@@ -77,8 +90,8 @@ def configure_logging(level: str, *, verbose: bool = False) -> None:
     logging.basicConfig(level="DEBUG" if verbose else level.upper(), format=LOG_FORMAT, force=True)
 
 
-def serve(registry: kopf.OperatorRegistry, ctx: Context, *, metrics_port: int, health_port: int) -> int:
+def serve(registry: kopf.OperatorRegistry, ctx: Context) -> int:
     """The component's process: /metrics, then kopf until it stops."""
-    ctx.metrics.serve(metrics_port)
-    asyncio.run(run_kopf(registry, ctx, health_port=health_port))
+    ctx.metrics.serve(ctx.config.metrics_port)
+    asyncio.run(run_kopf(registry, ctx))
     return 0

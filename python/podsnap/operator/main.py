@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-import threading
+import functools
 from pathlib import Path
 
 from podsnap.kube import entrypoint
@@ -21,16 +20,8 @@ def build_context(config: OperatorConfig) -> OperatorContext:
     )
 
 
-async def run(
-    ctx: OperatorContext,
-    *,
-    stop_flag: asyncio.Event | threading.Event | None = None,
-    ready_flag: asyncio.Event | threading.Event | None = None,
-) -> None:
-    """Run until `stop_flag` is set (or forever). Tests call this in a thread with their own context."""
-    await entrypoint.run_kopf(
-        registry, ctx, health_port=ctx.config.health_port, stop_flag=stop_flag, ready_flag=ready_flag
-    )
+#: run(ctx, stop_flag=None, ready_flag=None): the handlers until stop_flag is set; tests run it in a thread
+run = functools.partial(entrypoint.run_kopf, registry)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         config.seccomp_profile = args.seccomp_profile or None
     entrypoint.configure_logging(config.log_level, verbose=args.verbose)
     ctx = build_context(config)
-    return entrypoint.serve(registry, ctx, metrics_port=config.metrics_port, health_port=config.health_port)
+    return entrypoint.serve(registry, ctx)
 
 
 if __name__ == "__main__":
