@@ -34,6 +34,13 @@ def source_facts(facts: Any) -> dict[str, Any]:
 
 
 class EngineExecutor:
+    """`cgroup_root`: the host's cgroup filesystem as the agent mounts it (PODSNAP_CGROUP_ROOT); restored
+    workers join their pod container's cgroups through it, so they belong to that container (its limits,
+    its accounting) and outlive any restart of the agent."""
+
+    def __init__(self, cgroup_root: Path = Path("/sys/fs/cgroup")) -> None:
+        self.cgroup_root = cgroup_root
+
     def capture(self, request: CaptureRequest) -> CaptureResult:
         from podsnap import engine
 
@@ -61,6 +68,7 @@ class EngineExecutor:
             # the manifest is trusted only as recorded at capture: the engine checks the bytes it then parses
             options = engine.RestoreOptions(
                 namespace_pid=request.placeholder_root_pid,
+                cgroup_root=self.cgroup_root,
                 skip_compat=request.skip_compat,
                 criu=engine.CriuOptions(tcp="close"),
                 expected_manifest_digest=request.expected_digest or None,

@@ -20,7 +20,7 @@ def build_context(config: AgentConfig, executor: Executor | None = None) -> Agen
     if executor is None:
         from podsnap.agent.engine_executor import EngineExecutor
 
-        executor = EngineExecutor()
+        executor = EngineExecutor(cgroup_root=config.cgroup_root)
     credentials = Credentials.load(config.kubeconfig)
     return AgentContext(
         config=config,

@@ -139,21 +139,31 @@ def _namespace_env() -> dict[str, str]:
     return {"PATH": os.environ.get("PATH", os.defpath)}
 
 
-def _join_cgroups_of(pid: int) -> Callable[[], None]:
-    """A preexec function moving the child into every cgroup of `pid` (v1 and v2), best effort."""
-    targets = proctree.cgroup_procs_files(pid)
+def _join_cgroups_of(pid: int, cgroup_root: Path) -> tuple[Callable[[], None], list[int]]:
+    """A preexec function moving the child into every cgroup of `pid` (v1 and v2), and the fds it writes to.
+
+    The cgroup.procs files are opened here, so a cgroup that cannot be joined fails the call with its
+    name instead of leaving the restored tree in the caller's cgroups (e.g. the agent's, whose restart
+    would then kill it); the child only writes its pid. The caller closes the fds after the fork."""
+    try:
+        targets = proctree.cgroup_procs_files(pid, cgroup_root)
+    except OSError as exc:
+        raise CriuError(f"cannot join the cgroups of pid {pid}: {exc}") from exc
+    fds: list[int] = []
+    try:
+        for procs in targets:
+            fds.append(os.open(procs, os.O_WRONLY | os.O_CLOEXEC))
+    except OSError as exc:
+        for fd in fds:
+            os.close(fd)
+        raise CriuError(f"cannot join the cgroups of pid {pid}: {exc}") from exc
 
     def join() -> None:
         me = str(os.getpid()).encode()
-        for procs in targets:
-            with contextlib.suppress(OSError):
-                fd = os.open(procs, os.O_WRONLY)
-                try:
-                    os.write(fd, me)
-                finally:
-                    os.close(fd)
+        for fd in fds:
+            os.write(fd, me)  # an error here fails the Popen: no CRIU outside the destination's cgroups
 
-    return join
+    return join, fds
 
 
 def failure(action: str, returncode: int, output: str, log: Path, namespace_pid: int | None) -> CriuError:
@@ -218,6 +228,8 @@ class _Call:
     namespace_pid: int | None
     #: in namespace mode, join the target's cgroups before exec (a restore lands in the pod's cgroups)
     join_cgroups: bool = False
+    #: the host's cgroup filesystem as mounted here, through which those cgroups are joined
+    cgroup_root: Path = Path("/sys/fs/cgroup")
     #: our fds CRIU inherits (inherit-fd targets, a net ns)
     pass_fds: tuple[int, ...] = ()
     monitor: Callable[[int], None] | None = None
@@ -236,7 +248,9 @@ def _invoke(binary: CriuBinary, call: _Call) -> None:
     with _view(binary, call.images_dir, work, ns) as v:
         cmd = [*v.prefix, v.exe, action, "--no-default-config", "--config", f"{v.work}/{conf.name}"]
         cmd += ["-D", v.images, "-W", v.work, "-o", log.name, f"-v{int(call.options.log_level)}", *call.args]
-        preexec = _join_cgroups_of(ns) if (ns is not None and call.join_cgroups) else None
+        preexec, cgroup_fds = (
+            _join_cgroups_of(ns, call.cgroup_root) if (ns is not None and call.join_cgroups) else (None, [])
+        )
         try:
             proc = subprocess.Popen(
                 cmd,
@@ -247,8 +261,11 @@ def _invoke(binary: CriuBinary, call: _Call) -> None:
                 pass_fds=(*v.fds, *call.pass_fds),
                 preexec_fn=preexec,  # noqa: PLW1509 - only writes our pid to cgroup.procs before exec
             )
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
             raise CriuError(f"cannot start criu {action}: {exc}") from exc
+        finally:
+            for fd in cgroup_fds:
+                os.close(fd)
         output = _wait(proc, action, call.options.timeout_s, call.monitor, log)
     if proc.returncode != 0:
         raise failure(action, proc.returncode, output, log, ns)
@@ -315,6 +332,7 @@ class Criu:
         *,
         namespace_pid: int | None = None,
         join_cgroups: bool = True,
+        cgroup_root: Path = Path("/sys/fs/cgroup"),
         net_ns: Path | None = None,
         inherit: Mapping[int, str] | None = None,
         leave_stopped: bool = False,
@@ -339,8 +357,9 @@ class Criu:
             args = ["-d", "--pidfile", pidfile.name]
             fds = ((net_fd,) if net_fd is not None else ()) + tuple(sorted(inherit or {}))
             call = _Call(
-                "restore", lines, args, images_dir, work_dir, options, namespace_pid, join_cgroups, fds, monitor
-            )
+                "restore", lines, args, images_dir, work_dir, options, namespace_pid, join_cgroups, cgroup_root,
+                fds, monitor,
+            )  # fmt: skip
             self._run(call)
         finally:
             if net_fd is not None:

@@ -71,8 +71,12 @@ class RestoreOptions:
 
     #: restore inside this host PID's namespaces (the placeholder container's init)
     namespace_pid: int | None = None
-    #: in namespace mode, join `namespace_pid`'s cgroups before CRIU forks the tree
+    #: in namespace mode, join `namespace_pid`'s cgroups before CRIU forks the tree, so the restored tree
+    #: lives (and is limited and accounted) in the destination container, not in the caller's cgroups
     join_cgroups: bool = True
+    #: the host's cgroup filesystem as mounted here: in a container, /sys/fs/cgroup shows only the
+    #: container's own cgroups, so the agent mounts the host's elsewhere and names it here
+    cgroup_root: Path = Path("/sys/fs/cgroup")
     skip_compat: bool = False
     #: the destination container's memory limit, when known: gate `memory-limit`
     memory_limit_bytes: int | None = None

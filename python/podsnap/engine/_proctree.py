@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,10 +117,37 @@ def bytes_read(pid: int) -> int:
     return total
 
 
+def cgroups_as_host_sees(pid: int, host_pid: int = 1) -> str:
+    """`/proc/PID/cgroup` as read from the host's cgroup namespace (that of `host_pid`, the host's init).
+
+    The kernel prints those paths relative to the reader's cgroup namespace, so a reader in a container
+    with a namespace of its own (the agent on cgroup v2) sees `/../..`-relative paths that the host's
+    cgroup filesystem does not have; read through the host's namespace they are absolute. Where that
+    namespace cannot be inspected (no ptrace access to `host_pid`), it is read as is."""
+    try:
+        ours, hosts = ((PROC / p / "ns" / "cgroup").stat().st_ino for p in ("self", str(host_pid)))
+    except PermissionError:
+        ours = hosts = 0
+    if ours == hosts:
+        return (PROC / str(pid) / "cgroup").read_text()
+    got = subprocess.run(
+        ["nsenter", f"--cgroup={PROC}/{host_pid}/ns/cgroup", "--", "cat", f"{PROC}/{pid}/cgroup"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    if got.returncode != 0:
+        raise OSError(f"reading the cgroups of pid {pid} in the host's cgroup namespace: {got.stderr.strip()}")
+    return got.stdout
+
+
 def cgroup_procs_files(pid: int, cgroup_root: Path = Path("/sys/fs/cgroup")) -> list[str]:
-    """The `cgroup.procs` file of every cgroup `pid` is in (v1 hierarchies and v2), where it exists here."""
+    """The `cgroup.procs` file, under `cgroup_root` (the host's cgroup filesystem as mounted here), of every
+    cgroup `pid` is in (v1 hierarchies and v2). FileNotFoundError names a cgroup that is not there: a
+    `cgroup_root` that is not the host's whole hierarchy (a container's own /sys/fs/cgroup shows only itself)."""
     targets: list[str] = []
-    for line in (PROC / str(pid) / "cgroup").read_text().splitlines():
+    for line in cgroups_as_host_sees(pid).splitlines():
         _, ctrl, path = line.split(":", 2)
         if ctrl == "":
             roots = [cgroup_root / "unified", cgroup_root]
@@ -127,11 +155,17 @@ def cgroup_procs_files(pid: int, cgroup_root: Path = Path("/sys/fs/cgroup")) -> 
             roots = [cgroup_root / ctrl[5:]]
         else:
             roots = [cgroup_root / ctrl, *(cgroup_root / c for c in ctrl.split(","))]
-        for root in roots:
-            procs = f"{root}{path}/cgroup.procs"
-            if Path(procs).exists():
-                targets.append(procs)
-                break
+        if not any(root.is_dir() for root in roots):
+            continue  # a hierarchy not mounted here at all (e.g. a named one no runtime uses): nothing to join
+        found = next(
+            (f"{root}{path}/cgroup.procs" for root in roots if Path(f"{root}{path}/cgroup.procs").exists()), None
+        )
+        if found is None:
+            raise FileNotFoundError(
+                f"cgroup {ctrl or 'v2'}:{path} of pid {pid} is not under {cgroup_root}: "
+                "it must be the host's cgroup filesystem"
+            )
+        targets.append(found)
     return targets
 
 

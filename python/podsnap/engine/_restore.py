@@ -178,6 +178,7 @@ def _criu_restore(run: _Run, runner: Criu) -> _Restored:
                     opts.criu,
                     namespace_pid=opts.namespace_pid,
                     join_cgroups=opts.join_cgroups,
+                    cgroup_root=opts.cgroup_root,
                     net_ns=opts.net_ns,
                     inherit=inherit,
                     leave_stopped=bool(manifest.bulk),  # filled, then resumed, by the phases below
