@@ -18,7 +18,7 @@ from tests.e2e.support import artifacts
 from tests.e2e.support.capture import run_capture
 from tests.e2e.support.config import E2EConfig
 from tests.e2e.support.flow import init_id, restored, worker_health
-from tests.e2e.support.k8s import Cluster, wait_until
+from tests.e2e.support.k8s import Cluster, Pending, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 APP = "worker"
@@ -102,12 +102,17 @@ def test_a_restored_replica_outlives_a_killed_and_a_rolled_agent_in_its_own_cont
     with probing(cluster, namespace, name, podsnap.demo_port) as prober:
         agent = artifacts.agent_pod(cluster, podsnap, pod.spec.node_name)
         restarts = agent_restarts(cluster, podsnap, agent)
-        # the kill ends the container, and with it this exec (exit 137): its output says what it killed
-        killed = cluster.kubectl(
-            "exec", "-n", podsnap.release_namespace, agent, "-c", "agent", "--", "python3", "-c", KILL_AGENT,
-            check=False,
-        ).stdout.split()  # fmt: skip
-        assert killed and all(p.isdigit() for p in killed), f"no podsnap-agent process killed: {killed}"
+
+        def kill() -> list[str] | Pending:
+            # the kill ends the container, and with it this exec (exit 137): its output says what it killed
+            got = cluster.kubectl(
+                "exec", "-n", podsnap.release_namespace, agent, "-c", "agent", "--", "python3", "-c", KILL_AGENT,
+                check=False,
+            )  # fmt: skip
+            pids = [p for p in got.stdout.split() if p.isdigit()]
+            return pids or Pending(f"no podsnap-agent process killed (exit {got.returncode}): {got.stderr[-500:]}")
+
+        wait_until(kill, timeout=podsnap.timeout_s, what=f"a SIGKILL of the podsnap-agent process in {agent}")
         wait_until(
             lambda: agent_restarts(cluster, podsnap, agent) > restarts and agent_ready(cluster, podsnap, agent),
             timeout=podsnap.timeout_s,
