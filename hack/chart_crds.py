@@ -127,6 +127,15 @@ SOURCE_STATUS: Schema = obj(
     description="Facts about the node and GPUs the capture ran on; restores are checked against them.",
 )
 
+CAPTURE_TIMINGS: Schema = {
+    "type": "object",
+    "description": (
+        "Milliseconds per capture phase as the engine measured them (e.g. cuda_checkpoint, criu_dump, total), "
+        "plus agent_total: the agent's wall time for the whole capture."
+    ),
+    "additionalProperties": {"type": "number"},
+}
+
 POD_REF: Schema = obj(
     {
         "name": {**NAME, "description": "Name of the source pod."},
@@ -207,6 +216,7 @@ POD_SNAPSHOT_STATUS: Schema = obj(
         "artifact": ARTIFACT_STATUS,
         "source": SOURCE_STATUS,
         "capturedAt": TIMESTAMP,
+        "captureTimingsMs": CAPTURE_TIMINGS,
         "observedGeneration": {"type": "integer", "format": "int64"},
         "conditions": CONDITIONS,
     }
@@ -257,6 +267,7 @@ POD_SNAPSHOT_CONTENT_STATUS: Schema = obj(
         "artifact": ARTIFACT_STATUS,
         "source": SOURCE_STATUS,
         "capturedAt": TIMESTAMP,
+        "captureTimingsMs": CAPTURE_TIMINGS,
         "observedGeneration": {"type": "integer", "format": "int64"},
         "conditions": CONDITIONS,
     }

@@ -9,6 +9,7 @@ Dynamo-instrumented workers work unchanged.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -204,3 +205,28 @@ CHART_ENV: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
 def chart_env(component: str) -> dict[str, str]:
     """The variables the chart passes to `component`: name -> the chart's key."""
     return {name: key for key, (name, components) in CHART_ENV.items() if component in components}
+
+
+# --- timings on the objects (added for issue 13; additive) -----------------------------------
+#: on a restored pod, written by the agent: the restore's phases as compact JSON {"phase": milliseconds}
+ANNOTATION_RESTORE_TIMINGS: Final = f"{GROUP}/restore-timings"
+#: the key, in a timings map, of the agent's own wall time: the engine's phases plus what the agent does
+#: around them (reading the objects, finding the processes, the control dir). The engine's own sum is "total".
+TIMING_AGENT_TOTAL: Final = "agent_total"
+
+
+def format_timings(timings_ms: Mapping[str, float]) -> str:
+    """A timings map as the compact JSON the annotation carries (0.1 ms resolution, keys sorted)."""
+    return json.dumps({k: round(float(v), 1) for k, v in timings_ms.items()}, sort_keys=True, separators=(",", ":"))
+
+
+def parse_timings(text: str | None) -> dict[str, float]:
+    """The timings map of an annotation; {} when absent or malformed, entries that are not numbers dropped
+    (a newer agent may add other fields)."""
+    try:
+        data: Any = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): float(v) for k, v in data.items() if isinstance(v, int | float) and not isinstance(v, bool)}

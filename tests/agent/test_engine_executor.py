@@ -44,6 +44,7 @@ def test_engine_executor_moves_a_worker_between_pods(pods: tuple[Pod, Pod], tmp_
     )
     assert result.size_bytes > 0 and result.digest.startswith("sha256:")
     assert result.source["arch"] and result.source["kernel"]
+    assert result.timings_ms["criu_dump"] > 0 and result.timings_ms["total"] >= result.timings_ms["criu_dump"]
     assert (artifact / "manifest.json").exists()
 
     restored = executor.restore(
@@ -58,6 +59,7 @@ def test_engine_executor_moves_a_worker_between_pods(pods: tuple[Pod, Pod], tmp_
         )
     )
     assert restored.pids and proctree.pid_ns(restored.pids[0]) == proctree.pid_ns(dst.init_pid)
+    assert restored.timings_ms["criu_restore"] > 0 and "total" in restored.timings_ms
     after = http_get(port)
     assert after["init_id"] == init_id == before["init_id"]
     assert after["requests"] == before["requests"] + 1

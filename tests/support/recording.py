@@ -23,6 +23,9 @@ from podsnap.agent.executor import (
 )
 
 SOURCE = {"kernel": "6.1.0-test", "arch": "x86_64", "glibc": "2.36", "driver": "580.159.04", "gpus": []}
+#: what the engine would report (phase -> ms); the agent puts them on the objects
+CAPTURE_TIMINGS_MS = {"cuda_checkpoint": 2100.2, "criu_dump": 5300.5, "total": 7500.8}
+RESTORE_TIMINGS_MS = {"verify": 750.0, "criu_restore": 1200.5, "cuda_restore": 900.2, "total": 2850.7}
 
 
 @dataclass
@@ -67,7 +70,10 @@ class RecordingExecutor:
         manifest = json.dumps({"pod": request.pod.name, "pids": list(request.pids)}).encode()
         (request.artifact_dir / "manifest.json").write_bytes(manifest)
         return CaptureResult(
-            size_bytes=len(manifest), digest="sha256:" + hashlib.sha256(manifest).hexdigest(), source=dict(SOURCE)
+            size_bytes=len(manifest),
+            digest="sha256:" + hashlib.sha256(manifest).hexdigest(),
+            source=dict(SOURCE),
+            timings_ms=dict(CAPTURE_TIMINGS_MS),
         )
 
     def restore(self, request: RestoreRequest) -> RestoreResult:
@@ -81,7 +87,7 @@ class RecordingExecutor:
         found = "sha256:" + hashlib.sha256(manifest.read_bytes()).hexdigest()
         if request.expected_digest and found != request.expected_digest:
             raise ExecutionError(f"manifest digest {found} is not {request.expected_digest}: changed after its capture")
-        return RestoreResult(pids=request.placeholder_pids)
+        return RestoreResult(pids=request.placeholder_pids, timings_ms=dict(RESTORE_TIMINGS_MS))
 
     def remove(self, artifact_dir: Path) -> None:
         self._record("remove", artifact_dir)

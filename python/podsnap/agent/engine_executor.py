@@ -59,6 +59,7 @@ class EngineExecutor:
             size_bytes=result.bytes_total,
             digest=result.manifest_digest,
             source=source_facts(result.manifest.source),
+            timings_ms=dict(result.timings_ms),
         )
 
     def restore(self, request: RestoreRequest) -> RestoreResult:
@@ -81,7 +82,7 @@ class EngineExecutor:
             raise IncompatibleError(exc.gate, str(exc)) from exc
         except engine.EngineError as exc:
             raise ExecutionError(str(exc), reason=c.REASON_RESTORE_FAILED) from exc
-        return RestoreResult(pids=result.pids or (result.pid,))
+        return RestoreResult(pids=result.pids or (result.pid,), timings_ms=dict(result.timings_ms))
 
     def remove(self, artifact_dir: Path) -> None:
         from podsnap import engine

@@ -61,6 +61,8 @@ class CaptureResult:
     digest: str
     #: node, kernel, arch, glibc, driver, gpus[] (as in PodSnapshot.status.source)
     source: dict[str, Any] = field(default_factory=dict)
+    #: phase -> milliseconds, as the engine measured them (status.captureTimingsMs)
+    timings_ms: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,8 @@ class RestoreRequest:
 class RestoreResult:
     #: host PIDs of the restored worker (root first)
     pids: tuple[int, ...]
+    #: phase -> milliseconds, as the engine measured them (the pod's restore-timings annotation)
+    timings_ms: dict[str, float] = field(default_factory=dict)
 
 
 class Executor(Protocol):

@@ -184,10 +184,10 @@ def restore(
     except Exception as exc:  # an executor bug must still end in a terminal condition
         _fail(ctx, pod, c.REASON_RESTORE_FAILED, f"{type(exc).__name__}: {exc}")
         return
-    ctx.kube.core.patch_namespaced_pod(
-        meta["name"], meta["namespace"], {"metadata": {"annotations": {c.ANNOTATION_RESTORED_CONTAINER_IDS: cid}}}
-    )
     elapsed = time.monotonic() - started
+    timings = c.format_timings({**result.timings_ms, c.TIMING_AGENT_TOTAL: elapsed * 1000})
+    annotations = {c.ANNOTATION_RESTORED_CONTAINER_IDS: cid, c.ANNOTATION_RESTORE_TIMINGS: timings}
+    ctx.kube.core.patch_namespaced_pod(meta["name"], meta["namespace"], {"metadata": {"annotations": annotations}})
     set_restored(ctx, pod, True, c.REASON_RESTORE_SUCCEEDED, f"restored from {snapshot} in {elapsed:.2f} s")
     event(
         pod, type_="Normal", reason=c.REASON_RESTORE_SUCCEEDED, message=f"restored from {snapshot} in {elapsed:.2f} s"

@@ -8,6 +8,8 @@ podsnap restore DIR                    restore it; prints the new PID (--skip-co
 podsnap inspect DIR [--verify]         an artifact's source, processes, size; digests and gates checked here
 podsnap run -- CMD...                  the standby-aware worker entrypoint (same as podsnap-run)
 podsnap demo                           start the demo worker, capture, restore, compare, print timings
+podsnap status KIND/NAME [-n NS]       on a cluster: a policy's, snapshot's or pod's checkpoint, timings,
+        [-o json]                      how each pod started, the last failure (also `kubectl podsnap status`)
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ def _write_json(path: str | None, data: dict[str, Any]) -> None:
         Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "podsnap") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="podsnap", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--version", action="version", version=f"podsnap {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -104,6 +106,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="the worker hands its weights to the SDK: released before the checkpoint, streamed back at resume",
     )
     m.add_argument("--extra-arg", action="append", default=[], help="pass one more argument to the demo worker")
+
+    from podsnap.cli.status import add_arguments
+
+    s = sub.add_parser(
+        "status",
+        help="a SnapshotPolicy's, PodSnapshot's, SnapshotJob's or pod's checkpoint, timings and failures",
+        description="Show which checkpoint, where, how big and old, the capture and restore timings, how each "
+        "pod started, and the last failure. Reads only (get/list) in the object's namespace.",
+    )
+    add_arguments(s)
     return parser
 
 
@@ -240,12 +252,12 @@ def _cmd_run(argv: Sequence[str]) -> int:
     return int(run_main(list(argv)) or 0)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "podsnap") -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     # `run` passes everything after it to podsnap-run untouched (its own options and `-- CMD`)
     if args_list[:1] == ["run"]:
         return _cmd_run(args_list[1:])
-    args = build_parser().parse_args(args_list)
+    args = build_parser(prog).parse_args(args_list)
     if args.command == "doctor":
         from podsnap.cli.doctor import run_doctor
 
@@ -260,5 +272,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from podsnap.cli.demo import run_demo
 
         return run_demo(args)
-    build_parser().print_help()
+    if args.command == "status":
+        from podsnap.cli.status import run_status
+
+        return run_status(args)
+    build_parser(prog).print_help()
     return 0
+
+
+def kubectl_plugin() -> int:
+    """`kubectl podsnap ...`: kubectl runs `kubectl-podsnap` from PATH with the arguments after `podsnap`."""
+    return main(prog="kubectl podsnap")

@@ -146,7 +146,7 @@ def mirror(snapshot: dict[str, Any], content: Mapping[str, Any]) -> bool:
         updates = [Condition(c.COND_FAILED, True, reason, msg), Condition(c.COND_READY, False, reason, msg)]
     elif ready is not None and ready.get("status") == conditions.TRUE:
         updates = [Condition(c.COND_READY, True, ready.get("reason") or c.REASON_CAPTURE_COMPLETED, "captured")]
-        for key in ("artifact", "capturedAt"):
+        for key in ("artifact", "capturedAt", "captureTimingsMs"):
             if key in cstatus:
                 status[key] = cstatus[key]
         source = cstatus.get("source") or {}
