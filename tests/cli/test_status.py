@@ -311,7 +311,7 @@ def pods_by_name(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def test_policy_status_shows_checkpoint_timings_and_how_each_pod_started(cluster: Cluster) -> None:
     doc = status_json("policy/web", "-n", NS, kubeconfig=cluster.cp.kubeconfig)
-    assert doc["apiVersion"] == "podsnap.io/v1alpha1" and doc["kind"] == "Status"
+    assert doc["apiVersion"] == "podsnap.io/v1alpha1" and doc["kind"] == "StatusReport"
     assert doc["target"] == {"kind": c.KIND_SNAPSHOT_POLICY, "namespace": NS, "name": "web"}
     assert doc["policy"]["ready"] is True and doc["policy"]["checkpointName"] == "web-abc"
     cp = doc["checkpoint"]

@@ -155,3 +155,32 @@ def test_label_selectors_become_list_selectors() -> None:
     }
     assert d.label_selector(sel) == "app=web,tier=a,env in (prod,stage),!canary"
     assert d.label_selector(None) is None
+
+
+def test_the_json_document_keeps_its_documented_keys() -> None:
+    """The keys scripts rely on (status_doc's docstring); a change here is a change of the output format."""
+    policy = d.policy_view({"metadata": {"name": "pol"}, "spec": {"targetRef": {"kind": "Deployment", "name": "w"}}})
+    job = d.job_view({"metadata": {"name": "j"}})
+    checkpoint = d.checkpoint_view(None, NOW, name="s")
+    the_pod = d.pod_view(pod(), policy=policy, checkpoint=checkpoint)
+    doc = d.document({"kind": "Pod", "namespace": "n", "name": "p"}, NOW, policy=policy, job=job, pods=[the_pod])
+    assert set(doc) == {
+        "apiVersion", "kind", "target", "generatedAt", "policy", "snapshotJob", "checkpoint", "pods",
+        "lastFailure", "warnings",
+    }  # fmt: skip
+    assert (doc["apiVersion"], doc["kind"]) == ("podsnap.io/v1alpha1", "StatusReport")
+    assert set(policy) == {
+        "name", "targetRef", "startupPolicy", "deletionPolicy", "ready", "checkpointName", "templateHash",
+        "snapshotJobName", "reason", "message", "since",
+    }  # fmt: skip
+    assert set(job) == {
+        "name", "state", "reason", "message", "since", "podName", "podSnapshotName", "startedAt", "completedAt",
+    }  # fmt: skip
+    assert set(checkpoint) == {
+        "name", "state", "reason", "message", "since", "node", "sizeBytes", "digest", "capturedAt", "ageSeconds",
+        "content", "sourcePod", "source", "captureTimingsMs",
+    }  # fmt: skip
+    assert set(the_pod) == {
+        "name", "node", "phase", "ready", "createdAt", "start", "reason", "message", "since", "restoredFrom",
+        "restoreTimingsMs",
+    }  # fmt: skip

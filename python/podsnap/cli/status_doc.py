@@ -3,7 +3,8 @@
 The document is the `-o json` output and what the text view renders. Its shape is stable: every key is
 always present (null or [] when it does not apply), so scripts can rely on it::
 
-    apiVersion, kind ("Status"), target {kind, namespace, name}, generatedAt,
+    apiVersion, kind ("StatusReport": the command's output, not a Kubernetes object),
+    target {kind, namespace, name}, generatedAt,
     policy       {name, targetRef, startupPolicy, deletionPolicy, ready, checkpointName, templateHash,
                   snapshotJobName, reason, message, since} | null
     snapshotJob  {name, state, reason, message, since, podName, podSnapshotName, startedAt, completedAt} | null
@@ -29,7 +30,7 @@ from podsnap import contract as c
 from podsnap.kube.conditions import find, parse_time
 
 DOC_API_VERSION = "podsnap.io/v1alpha1"
-DOC_KIND = "Status"
+DOC_KIND = "StatusReport"
 
 START_RESTORED = "restored"
 START_RESTORING = "restoring"
