@@ -11,7 +11,7 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 import yaml
 
-from tests.chart.conftest import CHART, DOCS, FIGURES, parallel, render_error
+from tests.chart.conftest import CHART, DOCS, FIGURES, load_hack, parallel, render_error
 
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
@@ -142,6 +142,37 @@ def test_schema_covers_every_value_and_nothing_else() -> None:
                 walk(sub, path)
 
     walk(SCHEMA, ())
+
+
+SCHEMA_GEN = load_hack("chart_schema")
+
+
+def test_kubernetes_types_of_the_schema_are_generated_from_kubernetes_openapi() -> None:
+    assert SCHEMA_GEN.main(["--check"]) == 0, "run: python hack/chart_schema.py"
+    k8s = {k for k in SCHEMA["definitions"] if k.startswith("io.k8s.")}
+    # each value that becomes Kubernetes content refers to Kubernetes' own type
+    assert schema_at(("agent", "affinity")) == SCHEMA["definitions"]["io.k8s.api.core.v1.Affinity"]
+    assert schema_at(("agent", "updateStrategy")) == SCHEMA["definitions"]["io.k8s.api.apps.v1.DaemonSetUpdateStrategy"]
+    assert schema_at(("operator", "resources")) == SCHEMA["definitions"]["io.k8s.api.core.v1.ResourceRequirements"]
+    assert {
+        "io.k8s.api.core.v1.Toleration",
+        "io.k8s.api.core.v1.EnvVar",
+        "io.k8s.api.core.v1.LocalObjectReference",
+    } <= k8s
+    assert "io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelector" in k8s
+    FIGURES["values schema: Kubernetes types generated"] = f"{len(k8s)} definitions (1.27 and 1.37, strict)"
+
+
+def test_a_stale_kubernetes_type_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stale = json.loads((CHART / "values.schema.json").read_text())
+    stale["definitions"]["io.k8s.api.core.v1.Toleration"]["properties"].pop("effect")
+    path = tmp_path / "values.schema.json"
+    path.write_text(json.dumps(stale))
+    monkeypatch.setattr(SCHEMA_GEN, "SCHEMA", path)
+    monkeypatch.setattr(SCHEMA_GEN, "REPO", tmp_path)
+    assert SCHEMA_GEN.main(["--check"]) == 1
+    assert SCHEMA_GEN.main([]) == 0
+    assert json.loads(path.read_text()) == SCHEMA
 
 
 def test_readme_table_and_fill_defaults_are_generated_from_values_yaml() -> None:

@@ -201,6 +201,14 @@ podsnap.validate fails on values that contradict each other (the schema checks e
 {{- if and $pvc.existingClaim $pvc.name }}
 {{- fail "storage.pvc.name names a claim the chart would create, but storage.pvc.existingClaim is set: unset storage.pvc.name" }}
 {{- end }}
+{{- $annotations := dict "operator.podAnnotations" .Values.operator.podAnnotations "agent.podAnnotations" .Values.agent.podAnnotations "operator.serviceAccount.annotations" .Values.operator.serviceAccount.annotations "agent.serviceAccount.annotations" .Values.agent.serviceAccount.annotations "storage.pvc.annotations" $pvc.annotations }}
+{{- range $key, $map := $annotations }}
+{{- $size := 0 }}
+{{- range $k, $v := $map }}{{ $size = add $size (len $k) (len (toString ($v | default ""))) }}{{ end }}
+{{- if gt (int $size) 262144 }}
+{{- fail (printf "%s: %d bytes of annotations, more than the 256 KiB Kubernetes allows an object: shorten them" $key $size) }}
+{{- end }}
+{{- end }}
 {{- if and .Values.metrics.serviceMonitor.enabled (not .Values.metrics.enabled) }}
 {{- fail "metrics.serviceMonitor.enabled needs metrics.enabled=true (the ServiceMonitor scrapes the metrics Services)" }}
 {{- end }}
