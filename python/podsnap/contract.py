@@ -100,9 +100,6 @@ FILE_RESTORE_COMPLETE: Final = "restore-complete"
 FILE_RESTORE_CONTEXT: Final = "restore-context.json"
 RESTORE_CONTEXT_VERSION: Final = 1
 
-#: the inert command a restore pod's target container runs until the agent restores into it
-PLACEHOLDER_COMMAND: Final = ("sleep", "infinity")
-
 
 @dataclass(frozen=True)
 class RestoreContext:
@@ -230,3 +227,19 @@ def parse_timings(text: str | None) -> dict[str, float]:
     if not isinstance(data, dict):
         return {}
     return {str(k): float(v) for k, v in data.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+# --- restore pods: the placeholder and the agent (issue 16; additive) -------------------------
+#: podsnap's own files in a restore pod's control dir (beside Dynamo's), between the agent and the
+#: placeholder command the webhook gives the target container (operator/placeholder.py)
+FILE_WORKER_PID: Final = "podsnap-worker-pid"  # agent: the restored worker's PID in the pod, before restore-complete
+FILE_RESTORE_FAILED: Final = "podsnap-restore-failed"  # agent: the restore will not happen ("Reason: message")
+FILE_RESTORING: Final = "podsnap-restoring"  # agent: a restore is under way (the placeholder must not go cold)
+FILE_STARTED_COLD: Final = "podsnap-started-cold"  # placeholder: it started the original command cold
+FILE_PLACEHOLDER_STARTED: Final = "podsnap-placeholder-started"  # placeholder: its first start (a second goes cold)
+FILE_WORKER_EXITED: Final = "podsnap-worker-exited"  # placeholder: the restored worker exited
+#: env of a restore pod's target container (the user may set it): seconds the placeholder waits for the agent
+#: before it starts the original command cold
+ENV_RESTORE_TIMEOUT: Final = "PODSNAP_RESTORE_TIMEOUT_S"
+RESTORE_TIMEOUT_DEFAULT_S: Final = 600
+REASON_ALREADY_COLD: Final = "StartedCold"

@@ -1,7 +1,9 @@
-"""Availability: what operators of a real cluster do to podsnap must not take restored replicas down.
+"""Availability: what operators of a real cluster do to podsnap must not take restored replicas down, and
+a pod never sits Ready with nothing behind it.
 
 A restored worker belongs to its pod's own container (its cgroups), so killing the node agent or rolling
-its DaemonSet leaves it serving; a prober asks it for /health every half second throughout."""
+its DaemonSet leaves it serving; a prober asks it for /health every half second throughout. When the
+restored worker dies, the pod stops being Ready within seconds and its container restarts cold."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from tests.e2e.support import artifacts
 from tests.e2e.support.capture import run_capture
 from tests.e2e.support.config import E2EConfig
 from tests.e2e.support.flow import init_id, restored, worker_health
-from tests.e2e.support.k8s import Cluster, Pending, wait_until
+from tests.e2e.support.k8s import Cluster, Pending, pod_ready, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 APP = "worker"
@@ -133,3 +135,38 @@ def test_a_restored_replica_outlives_a_killed_and_a_rolled_agent_in_its_own_cont
     assert {a[2] for a in prober.answers} == {init_id(before)}, "the same restored process answered throughout"
     after = cluster.core.read_namespaced_pod(name, namespace)
     assert sum(s.restart_count for s in after.status.container_statuses or []) == 0
+
+
+def test_a_dead_restored_worker_takes_its_pod_out_of_service_and_the_container_restarts_cold(
+    cluster: Cluster, podsnap: E2EConfig, namespace: str
+) -> None:
+    run = run_capture(cluster, podsnap, namespace, APP)
+    [pod] = run.require_serving()
+    name = pod.metadata.name
+    assert restored(pod) == RESTORED
+    before = worker_health(cluster, namespace, name, podsnap.demo_port)
+
+    cluster.kubectl("exec", "-n", namespace, name, "-c", "main", "--", "kill", "-KILL", str(before["pid"]))
+    killed_at = time.monotonic()
+    wait_until(
+        lambda: not pod_ready(cluster.core.read_namespaced_pod(name, namespace)),
+        timeout=podsnap.timeout_s,
+        interval=0.2,
+        what=f"pod {name} not Ready after its worker died",
+    )
+    unready_after = time.monotonic() - killed_at
+    assert unready_after < 10, f"the pod stayed Ready {unready_after:.1f} s with nothing behind it"
+
+    def serving_again() -> dict | Pending:
+        obj = cluster.core.read_namespaced_pod(name, namespace)
+        restarts = sum(s.restart_count for s in obj.status.container_statuses or [] if s.name == "main")
+        if restarts < 1 or not pod_ready(obj):
+            return Pending(f"restarts={restarts} ready={pod_ready(obj)}")
+        return worker_health(cluster, namespace, name, podsnap.demo_port)
+
+    after = wait_until(serving_again, timeout=podsnap.timeout_s, what=f"pod {name} serving again after a restart")
+    assert init_id(after) != init_id(before), "the restarted container must run a fresh (cold) worker"
+    previous = cluster.core.read_namespaced_pod_log(name, namespace, container="main", previous=True)
+    assert "the restored worker" in previous and "exited" in previous, previous[-2000:]
+    current = cluster.core.read_namespaced_pod_log(name, namespace, container="main")
+    assert "starting the worker cold" in current, current[-2000:]

@@ -16,7 +16,7 @@ from podsnap.agent.executor import ExecutionError
 from podsnap.agent.on_content import artifact_dir
 from podsnap.kube import conditions
 from podsnap.kube.conditions import Condition
-from podsnap.operator import capture_job, policy, restore_pod
+from podsnap.operator import capture_job, placeholder, policy, restore_pod
 from podsnap.operator.on_podsnapshot import mirror
 
 NOW = datetime.datetime(2026, 11, 30, 13, 0, 0, tzinfo=datetime.UTC)
@@ -234,11 +234,12 @@ def test_restore_pod_gets_placeholder_control_dir_and_startup_probe() -> None:
     }
     out = restore_pod.shape(pod_in, snapshot="s1", container="main")
     main, log = out["spec"]["containers"]
-    assert main["command"] == list(c.PLACEHOLDER_COMMAND) and "args" not in main
+    # the placeholder, with the original command and args to start cold
+    assert main["command"] == placeholder.command(["serve", "--x"]) and "args" not in main
     assert out["metadata"]["annotations"][c.ANNOTATION_RESTORE_FROM] == "s1"
     assert out["metadata"]["labels"] == {"app": "w", c.LABEL_RESTORE: "true"}
     assert out["spec"]["shareProcessNamespace"] is True
-    assert c.FILE_RESTORE_COMPLETE in " ".join(main["startupProbe"]["exec"]["command"])
+    assert main["startupProbe"]["exec"]["command"] == ["sh", "-c", placeholder.STARTUP_PROBE_SCRIPT]
     assert log == {"name": "log", "image": "l"}
     assert pod_in["spec"]["containers"][0]["command"] == ["serve"]
 
@@ -248,6 +249,13 @@ def test_standby_container_keeps_its_command() -> None:
     pod_in = {"spec": {"containers": [{"name": "main", "command": ["podsnap-run", "--", "serve"], "env": env}]}}
     main = restore_pod.shape(pod_in, snapshot="s", container="main")["spec"]["containers"][0]
     assert main["command"] == ["podsnap-run", "--", "serve"]
+
+
+def test_a_container_without_a_command_is_left_cold() -> None:
+    """The image's entrypoint is not in the pod spec, so nothing could start the worker cold after a failed
+    restore: such a pod is not shaped at all (the webhook leaves it untouched)."""
+    with pytest.raises(restore_pod.NotShapeable, match="has no command"):
+        restore_pod.shape({"spec": {"containers": [{"name": "main", "args": ["--x"]}]}}, snapshot="s", container="main")
 
 
 def test_shaping_a_pod_without_the_container_is_refused() -> None:

@@ -11,6 +11,7 @@ import pytest
 from kubernetes import watch
 
 from podsnap import contract as c
+from podsnap.operator import placeholder
 from tests.support.harness import cgroups_writable, cond_is
 from tests.support.operator_env import (
     NODE,
@@ -111,8 +112,8 @@ def test_wait_for_checkpoint_deployment_restores_every_serving_pod(env: Env, ns:
         assert pod["metadata"]["labels"][c.LABEL_RESTORE] == "true"
         assert spec["shareProcessNamespace"] is True
         main = spec["containers"][0]
-        assert main["command"] == list(c.PLACEHOLDER_COMMAND)
-        assert c.FILE_RESTORE_COMPLETE in " ".join(main["startupProbe"]["exec"]["command"])
+        assert main["command"] == placeholder.command(["python", "-m", "worker"])
+        assert main["startupProbe"]["exec"]["command"] == ["sh", "-c", placeholder.STARTUP_PROBE_SCRIPT]
         assert c.SCHEDULING_GATE_WAIT not in (spec.get("nodeSelector") or {})
     # no serving pod ever started cold: every pod admitted before Ready was gated
     recorder.stop()
@@ -207,7 +208,7 @@ def test_immediate_statefulset_reuses_a_checkpoint_and_retains_it(env: Env, ns: 
     env.cluster.kube.apps.patch_namespaced_stateful_set("db", ns, {"spec": {"replicas": 2}})
     db1 = wait_for(lambda: env.cluster.pod(ns, "db-1"), timeout=30, what="db-1")
     assert db1["metadata"]["annotations"][c.ANNOTATION_RESTORE_FROM] == "golden"
-    assert db1["spec"]["containers"][0]["command"] == list(c.PLACEHOLDER_COMMAND)
+    assert db1["spec"]["containers"][0]["command"] == placeholder.command(["python", "-m", "worker"])
 
     env.cluster.kube.custom.delete_namespaced_custom_object(c.GROUP, c.VERSION, ns, c.PLURAL_SNAPSHOT_POLICIES, "pol")
     wait_for(lambda: get_policy(env, ns, "pol") is None, what="policy gone")

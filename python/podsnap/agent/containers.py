@@ -64,3 +64,11 @@ def environ_of(pid: int, proc_root: Path = Path("/proc")) -> dict[str, str]:
             key, _, value = item.decode(errors="replace").partition("=")
             env[key] = value
     return env
+
+
+def ns_pid(pid: int, proc_root: Path = Path("/proc")) -> int:
+    """`pid` (a host PID) as its own, innermost PID namespace sees it: what the pod's processes see."""
+    for line in (proc_root / str(pid) / "status").read_text().splitlines():
+        if line.startswith("NSpid:"):
+            return int(line.split()[-1])
+    return pid

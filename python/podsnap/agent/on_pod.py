@@ -7,6 +7,7 @@ agent leaves no bookkeeping annotations on it beyond `restored-container-ids`).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,17 +18,25 @@ import kopf
 
 from podsnap import contract as c
 from podsnap.agent import control
-from podsnap.agent.containers import ContainerNotRunning, environ_of, find_processes
+from podsnap.agent.containers import ContainerNotRunning, environ_of, find_processes, ns_pid
 from podsnap.agent.executor import ExecutionError, IncompatibleError, PodRef, RestoreRequest
 from podsnap.agent.on_content import artifact_dir
 from podsnap.agent.runtime import AgentContext, ctx_of, registry
+from podsnap.controldir import ControlDir
 from podsnap.kube import conditions
 from podsnap.kube.conditions import Condition
 from podsnap.kube.events import event
-from podsnap.kube.podshape import control_dir_of
+from podsnap.kube.podshape import container_of, control_dir_of
 from podsnap.kube.reporter import pod_condition, report
 
-TERMINAL_REASONS = (c.REASON_RESTORE_SUCCEEDED, c.REASON_RESTORE_FAILED, c.REASON_RESTORE_INCOMPATIBLE)
+log = logging.getLogger(__name__)
+
+TERMINAL_REASONS = (
+    c.REASON_RESTORE_SUCCEEDED,
+    c.REASON_RESTORE_FAILED,
+    c.REASON_RESTORE_INCOMPATIBLE,
+    c.REASON_ALREADY_COLD,
+)
 #: env the new pod's identity is published under in restore-context.json
 IDENTITY_KEYS = ("POD_NAME", "POD_NAMESPACE", "POD_UID", "POD_IP", "NODE_NAME", "HOSTNAME")
 
@@ -82,12 +91,13 @@ def pod_restore(*, body: kopf.Body, type: str | None, memo: Any, logger: kopf.Lo
             return  # running now, or done by this process (a late event may still show an older status)
         ctx.restoring.add(uid)
     try:
-        if reason == c.REASON_RESTORE_IN_PROGRESS:
-            # an earlier agent died mid-restore; whatever it left is not trusted to serve
-            _fail(ctx, pod, c.REASON_RESTORE_FAILED, "the agent restarted during the restore; delete the pod to retry")
-            return
         container = annotations.get(c.ANNOTATION_RESTORE_CONTAINER) or pod["spec"]["containers"][0]["name"]
         cid = _running_container_id(pod, container)
+        if reason == c.REASON_RESTORE_IN_PROGRESS:
+            # an earlier agent died mid-restore; whatever it left is not trusted to serve: the pod starts cold
+            ctl = _control_dir(ctx, pod, container, cid)
+            _fail(ctx, pod, c.REASON_RESTORE_FAILED, "the agent restarted during the restore", ctl)
+            return
         if cid is None:
             return  # the placeholder is not running yet; a later event brings it
         with ctx.lock:
@@ -98,7 +108,20 @@ def pod_restore(*, body: kopf.Body, type: str | None, memo: Any, logger: kopf.Lo
             ctx.restoring.discard(uid)
 
 
-def _fail(ctx: AgentContext, pod: Mapping[str, Any], reason: str, message: str) -> None:
+def _control_dir(ctx: AgentContext, pod: Mapping[str, Any], container: str, cid: str | None) -> ControlDir | None:
+    """The control dir of the pod's running target container, reached through its root; None when gone."""
+    spec = container_of(pod, container)
+    if cid is None or spec is None:
+        return None
+    try:
+        procs = find_processes(cid, ctx.config.proc_root)
+    except (ContainerNotRunning, OSError):
+        return None
+    return control.control_dir(procs.root, control_dir_of(spec), ctx.config.proc_root)
+
+
+def _fail(ctx: AgentContext, pod: Mapping[str, Any], reason: str, message: str, ctl: ControlDir | None) -> None:
+    """Restored=False with the reason; and, through the control dir, the placeholder starts the worker cold."""
     report(
         pod,
         Condition(c.POD_CONDITION_RESTORED, False, reason, message[:4000]),
@@ -106,6 +129,21 @@ def _fail(ctx: AgentContext, pod: Mapping[str, Any], reason: str, message: str) 
         warning=True,
         count=ctx.metrics.failures.labels("restore", reason),
     )
+    if ctl is not None:
+        try:
+            ctl.write_file(c.FILE_RESTORE_FAILED, f"{reason}: {message.splitlines()[0][:300]}\n".encode())
+        except OSError as exc:  # the container is gone or broken: its own timeout starts it cold
+            log.warning("could not tell %s to start cold: %s", pod["metadata"]["name"], exc)
+
+
+def _claim(ctl: ControlDir) -> bool:
+    """Announce the restore; False when the placeholder has already started the worker cold. Each side
+    writes its file before it looks for the other's, so they never both go ahead (placeholder.py)."""
+    ctl.write_file(c.FILE_RESTORING, b"1\n")
+    if ctl.exists(c.FILE_STARTED_COLD):
+        ctl.remove(c.FILE_RESTORING)
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -154,11 +192,19 @@ def restore(
 ) -> None:
     meta = pod["metadata"]
     started = time.monotonic()
+    ctl: ControlDir | None = None
     try:
-        artifact = bound_artifact(ctx, meta["namespace"], snapshot)
+        spec_container = container_of(pod, container)
+        if spec_container is None:
+            raise ExecutionError(f"container {container!r} is not in the pod", reason=c.REASON_RESTORE_FAILED)
         procs = find_processes(cid, ctx.config.proc_root)
-        spec_container = next(ct for ct in pod["spec"]["containers"] if ct["name"] == container)
+        ctl = control.control_dir(procs.root, control_dir_of(spec_container), ctx.config.proc_root)
+        artifact = bound_artifact(ctx, meta["namespace"], snapshot)
         container_env = environ_of(procs.root, ctx.config.proc_root)
+        if not _claim(ctl):
+            message = f"the container started its command cold before the restore (after {c.ENV_RESTORE_TIMEOUT})"
+            _fail(ctx, pod, c.REASON_ALREADY_COLD, message, None)
+            return
         set_restored(ctx, pod, False, c.REASON_RESTORE_IN_PROGRESS, f"restoring from {snapshot}")
         event(pod, type_="Normal", reason=c.REASON_RESTORE_IN_PROGRESS, message=f"restoring from {snapshot}")
         request = RestoreRequest(
@@ -171,18 +217,18 @@ def restore(
             node=ctx.config.node_name,
         )
         result = ctx.executor.restore(request)
-        directory = control.control_dir(
-            result.pids[0] if result.pids else procs.root, control_dir_of(spec_container), ctx.config.proc_root
-        )
-        control.signal_restored(directory, restore_context_env(pod, container_env, ctx.config.node_name))
+        worker = result.pids[0] if result.pids else procs.root
+        # the placeholder watches this PID: the pod stands or falls with the restored worker
+        ctl.write_file(c.FILE_WORKER_PID, f"{ns_pid(worker, ctx.config.proc_root)}\n".encode())
+        control.signal_restored(ctl, restore_context_env(pod, container_env, ctx.config.node_name))
     except IncompatibleError as exc:
-        _fail(ctx, pod, c.REASON_RESTORE_INCOMPATIBLE, f"gate {exc.gate}: {exc}")
+        _fail(ctx, pod, c.REASON_RESTORE_INCOMPATIBLE, f"gate {exc.gate}: {exc}", ctl)
         return
     except (ExecutionError, ContainerNotRunning, OSError) as exc:
-        _fail(ctx, pod, c.REASON_RESTORE_FAILED, str(exc))
+        _fail(ctx, pod, c.REASON_RESTORE_FAILED, str(exc), ctl)
         return
     except Exception as exc:  # an executor bug must still end in a terminal condition
-        _fail(ctx, pod, c.REASON_RESTORE_FAILED, f"{type(exc).__name__}: {exc}")
+        _fail(ctx, pod, c.REASON_RESTORE_FAILED, f"{type(exc).__name__}: {exc}", ctl)
         return
     elapsed = time.monotonic() - started
     timings = c.format_timings({**result.timings_ms, c.TIMING_AGENT_TOTAL: elapsed * 1000})
