@@ -26,15 +26,15 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 APP = "worker"
 RESTORED = f"True/{contract.REASON_RESTORE_SUCCEEDED}"
 
-#: kills the podsnap-agent process of the container this runs in (the agent has hostPID, so `kill 1` would
-#: hit the node's init): the processes in its own cgroup whose command line is the agent's
-KILL_AGENT = """
-import os, signal
+#: the podsnap-agent process of the container this runs in (the agent has hostPID, so `kill 1` would hit
+#: the node's init, and other agents may run on this host): the processes in its own cgroup whose
+#: command line is the agent's
+FIND_AGENT = """
+import os
 mine = open("/proc/self/cgroup").read()
 for p in filter(str.isdigit, os.listdir("/proc")):
     try:
         if open(f"/proc/{p}/cgroup").read() == mine and b"podsnap-agent" in open(f"/proc/{p}/cmdline", "rb").read():
-            os.kill(int(p), signal.SIGKILL)
             print(p)
     except OSError:
         pass
@@ -105,16 +105,19 @@ def test_a_restored_replica_outlives_a_killed_and_a_rolled_agent_in_its_own_cont
         agent = artifacts.agent_pod(cluster, podsnap, pod.spec.node_name)
         restarts = agent_restarts(cluster, podsnap, agent)
 
-        def kill() -> list[str] | Pending:
-            # the kill ends the container, and with it this exec (exit 137): its output says what it killed
+        def agent_pids() -> list[str] | Pending:
             got = cluster.kubectl(
-                "exec", "-n", podsnap.release_namespace, agent, "-c", "agent", "--", "python3", "-c", KILL_AGENT,
+                "exec", "-n", podsnap.release_namespace, agent, "-c", "agent", "--", "python3", "-c", FIND_AGENT,
                 check=False,
             )  # fmt: skip
             pids = [p for p in got.stdout.split() if p.isdigit()]
-            return pids or Pending(f"no podsnap-agent process killed (exit {got.returncode}): {got.stderr[-500:]}")
+            return pids or Pending(f"no podsnap-agent process (exit {got.returncode}): {got.stderr[-500:]}")
 
-        wait_until(kill, timeout=podsnap.timeout_s, what=f"a SIGKILL of the podsnap-agent process in {agent}")
+        pids = wait_until(agent_pids, timeout=podsnap.timeout_s, what=f"the podsnap-agent process in {agent}")
+        # the kill ends the container, and with it this exec (exit 137)
+        cluster.kubectl(
+            "exec", "-n", podsnap.release_namespace, agent, "-c", "agent", "--", "kill", "-KILL", *pids, check=False
+        )
         wait_until(
             lambda: agent_restarts(cluster, podsnap, agent) > restarts and agent_ready(cluster, podsnap, agent),
             timeout=podsnap.timeout_s,
