@@ -7,8 +7,8 @@ PYTEST := $(PY) -m pytest
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: help setup setup-python lint fmt test test-unit test-chart test-engine test-operator test-e2e \
-        overlays demo bench-gpu cluster-up cluster-down kind-up kind-down images clean
+.PHONY: help setup setup-python setup-demo lint fmt test test-unit test-chart test-engine test-operator test-e2e \
+        overlays demo bench-gpu cluster-up cluster-down kind-up kind-down images images-push clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -50,7 +50,10 @@ test-operator: setup ## operator + agent against a real etcd + kube-apiserver + 
 test-e2e: setup cluster-up ## the user's flow on the local single-node Kubernetes
 	$(PYTEST) -m cluster tests/e2e $(PYTEST_ARGS)
 
-demo: setup ## capture -> restore -> request of the demo worker on this host, with a timing table
+setup-demo: ## only what `make demo` uses: the Python environment and CRIU (no Kubernetes, no test tools)
+	@$(ROOT)/hack/setup.sh --demo
+
+demo: setup-demo ## capture -> restore -> request of the demo worker on this host, with a timing table
 	$(ROOT)/.venv/bin/podsnap demo $(DEMO_ARGS)
 
 bench-gpu: ## on the GPU machine: cold start vs restore at 8 and 32 GiB, eager/compiled, transparent/cooperative, JSON out
@@ -62,8 +65,11 @@ cluster-up: setup ## a real single-node Kubernetes on this machine (containerd, 
 cluster-down: ## stop the local cluster (WIPE=1 to also remove its state)
 	$(ROOT)/hack/cluster/down.sh $(if $(WIPE),--wipe,)
 
-images: setup ## build the operator, agent and demo images locally (no Docker needed)
-	$(ROOT)/hack/cluster/build-images.sh
+images: setup ## build the operator, agent and demo images (no Docker needed); one archive each in out/images
+	$(ROOT)/hack/images.sh export
+
+images-push: ## push the images of `make images` with skopeo: make images-push REGISTRY=host[:port]/path
+	$(ROOT)/hack/images.sh push $(REGISTRY)
 
 kind-up: ## on a host with Docker + NVIDIA container toolkit: kind cluster with GPU passthrough
 	$(ROOT)/hack/kind/up.sh

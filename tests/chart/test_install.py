@@ -24,7 +24,11 @@ from tests.support.controlplane import ControlPlane
 
 pytestmark = pytest.mark.slow
 
-OVERRIDES = ["--set", "storage.pvc.size=2Ti", "--set", "webhook.timeoutSeconds=7", "--set", "operator.logLevel=debug"]
+#: podsnap publishes no images: every install names the registry it pushed them to
+REGISTRY = ["--set", "image.registry=registry.example.com/podsnap"]
+OVERRIDES = [
+    *REGISTRY, "--set", "storage.pvc.size=2Ti", "--set", "webhook.timeoutSeconds=7", "--set", "operator.logLevel=debug",
+]  # fmt: skip
 
 
 @dataclass
@@ -71,6 +75,14 @@ def cluster(control_plane_factory: Any, helm: str) -> Iterator[Cluster]:
 def manifest_objects(c: Cluster, release: str, namespace: str) -> list[dict[str, Any]]:
     text = c.helm_run("get", "manifest", release, "-n", namespace).stdout
     return [d for d in yaml.safe_load_all(text) if d]
+
+
+def test_an_install_without_an_image_registry_fails_saying_where_images_come_from(cluster: Cluster) -> None:
+    proc = cluster.helm_run("install", "no-registry", str(CHART), "-n", NAMESPACE, check=False)
+    assert proc.returncode != 0
+    assert "image.registry is empty, and podsnap publishes no images" in proc.stderr, proc.stderr
+    assert "make images-push REGISTRY=" in proc.stderr
+    assert cluster.helm_run("status", "no-registry", "-n", NAMESPACE, check=False).returncode != 0
 
 
 def test_every_rendered_object_exists_on_the_server(cluster: Cluster) -> None:

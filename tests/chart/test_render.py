@@ -160,7 +160,8 @@ def test_operator_is_unprivileged_with_probes_and_ports(default_docs: Docs) -> N
     assert not spec.get("hostPID") and not spec.get("hostNetwork")
     op = container(deploy, "operator")
     assert op["command"] == ["podsnap-operator"]
-    assert op["image"] == "ghcr.io/podsnap/podsnap-operator:0.1.0"
+    # podsnap publishes no images: without image.registry `helm template` renders the bare name
+    assert op["image"] == "podsnap-operator:0.1.0"
     sc = op["securityContext"]
     assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
     assert sc["capabilities"] == {"drop": ["ALL"]} and not sc.get("privileged")
@@ -478,8 +479,13 @@ def test_notes_warn_first_then_say_what_to_check(helm: str) -> None:
         "kubectl get crd snapshotjobs.podsnap.io podsnapshots.podsnap.io",
     ):
         assert line in notes
-    quiet = run([helm, "install", "podsnap", str(CHART), "--dry-run=client", "-n", NAMESPACE]).stdout
-    assert "WARNINGS" not in quiet.split("NOTES:", 1)[1]
+    registry = ["--set", "image.registry=registry.example.com/podsnap"]
+    quiet = run([helm, "install", "podsnap", str(CHART), "--dry-run=client", "-n", NAMESPACE, *registry]).stdout
+    quiet_notes = quiet.split("NOTES:", 1)[1]
+    assert "WARNINGS" not in quiet_notes
+    # where the images come from: the user's registry, since podsnap publishes none
+    assert "podsnap publishes none" in quiet_notes and "make images-push" in quiet_notes
+    assert "registry.example.com/podsnap/podsnap-agent:0.1.0" in quiet_notes
 
 
 #: chart-testing's configuration flags (ct lint/install --help, v3.x)

@@ -6,7 +6,8 @@ _defaults.tpl, podsnap.init). Each case runs against a real kube-apiserver (1.20
 
 1. install the old chart with some user values;
 2. `helm upgrade --reuse-values` to this chart, twice (Helm 3 feeds a user's `null` back one way on the
-   first upgrade and another way on the second);
+   first upgrade and another way on the second); from a version without image values, the first
+   such upgrade fails asking for image.registry, and succeeds with it;
 3. take every object of the release (`helm get manifest`), uninstall;
 4. install this chart fresh with the same user values, take its objects, uninstall;
 5. compare object by object.
@@ -39,11 +40,13 @@ import yaml
 
 from tests.chart.conftest import CHART, FIGURES, NAMESPACE, RELEASE, REPO, SNAPSHOTS, run
 from tests.chart.history import (
+    REGISTRY,
     USER_VALUES,
     canonical,
     chart_commits,
     check_user_values_honoured,
     differences,
+    has_path,
     kept_old_defaults,
     normalized,
     prune,
@@ -110,8 +113,11 @@ class Helm:
     def major(self) -> int:
         return 3 if Path(self.binary).name == "helm3" else 4
 
+    def attempt(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return run([self.binary, "--kubeconfig", str(self.cp.kubeconfig), *args], check=False, timeout=240)
+
     def __call__(self, *args: str) -> str:
-        proc = run([self.binary, "--kubeconfig", str(self.cp.kubeconfig), *args], check=False, timeout=240)
+        proc = self.attempt(*args)
         if proc.returncode != 0:
             raise AssertionError(f"helm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
         return proc.stdout
@@ -149,6 +155,9 @@ def test_reuse_values_upgrade_renders_what_a_fresh_install_renders(
     (tmp_path / "user.yaml").write_text(yaml.safe_dump(user))
     kept = kept_old_defaults(old.values, user)
     (tmp_path / "kept.yaml").write_text(yaml.safe_dump(kept))
+    # a version without image values: the upgrade must name a registry (podsnap publishes no images)
+    added = {} if has_path(old.values, ("image", "registry")) else REGISTRY
+    (tmp_path / "added.yaml").write_text(yaml.safe_dump(added))
     old_dir = tmp_path / "old"
     old_dir.mkdir()
     chart = old.materialize(old_dir)
@@ -157,8 +166,11 @@ def test_reuse_values_upgrade_renders_what_a_fresh_install_renders(
     start = time.monotonic()
     helm("install", RELEASE, str(chart), "-n", NAMESPACE, "-f", str(tmp_path / "user.yaml"), *legacy)
     try:
-        for _ in range(2):
-            helm("upgrade", RELEASE, str(CHART), "-n", NAMESPACE, "--reuse-values")
+        if added:
+            failed = helm.attempt("upgrade", RELEASE, str(CHART), "-n", NAMESPACE, "--reuse-values")
+            assert failed.returncode != 0 and "image.registry is empty" in failed.stderr, failed.stderr
+        helm("upgrade", RELEASE, str(CHART), "-n", NAMESPACE, "--reuse-values", "-f", str(tmp_path / "added.yaml"))
+        helm("upgrade", RELEASE, str(CHART), "-n", NAMESPACE, "--reuse-values")
         upgraded = helm.manifest()
     finally:
         helm.uninstall()
@@ -172,6 +184,8 @@ def test_reuse_values_upgrade_renders_what_a_fresh_install_renders(
         str(tmp_path / "user.yaml"),
         "-f",
         str(tmp_path / "kept.yaml"),
+        "-f",
+        str(tmp_path / "added.yaml"),
     )
     try:
         fresh = helm.manifest()

@@ -43,7 +43,7 @@ crds:
 fullnameOverride: ''
 image:
   pullPolicy: IfNotPresent
-  registry: ghcr.io/podsnap
+  registry: ''
   tag: ''
 imagePullSecrets: []
 metrics:

@@ -189,6 +189,10 @@ podsnap.validate fails on values that contradict each other (the schema checks e
 */}}
 {{- define "podsnap.validate" -}}
 {{- $pvc := .Values.storage.pvc }}
+{{- /* only against a cluster: `helm template` and lint cannot look anything up and render bare names */}}
+{{- if and (not .Values.image.registry) (lookup "v1" "Namespace" "" "kube-system") }}
+{{- fail "image.registry is empty, and podsnap publishes no images: build them (make images), push them to your registry (make images-push REGISTRY=registry.example.com/podsnap) and set image.registry to that REGISTRY and image.tag to the tag it printed; image.registry=localhost for images imported into the nodes' runtime" }}
+{{- end }}
 {{- if and $pvc.create $pvc.existingClaim }}
 {{- fail "storage.pvc.existingClaim is set, so the chart must not create a claim: also set storage.pvc.create=false" }}
 {{- end }}
