@@ -60,12 +60,17 @@ def test_the_worker_serves_while_offered_and_applies_the_context_when_released(t
 def test_a_criu_round_trip_keeps_answer_weights_and_init_id_and_the_sdk_knows_it_was_restored(
     criu: Criu, tmp_path: Path
 ) -> None:
-    report = round_trip(tmp_path, ["--device", "cpu"], port=free_port())
+    report = round_trip(tmp_path, ["--device", "cpu"], port=free_port(), cached_restore=True)
     assert report["bit_exact"], report
     assert report["same_worker"], report
     assert report["after"]["health"]["restored"] is True
     assert report["after"]["health"]["restore"]["context_env"] == ["POD_IP", "POD_NAME"]
     assert report["after"]["init_id"] == report["before"]["init_id"]
+    # the second restore of the same artifact, as from a verified node-local cache: nothing hashed again
+    cached = report["cached"]
+    assert cached["bit_exact"] and cached["same_worker"], cached
+    assert cached["after"]["health"]["restored"] is True
+    assert "verify" in report["restore"]["phase_bytes"] and "verify" not in cached["restore"]["phase_bytes"]
 
 
 def test_a_bad_restore_context_stops_the_worker_instead_of_serving(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -107,7 +108,7 @@ def test_a_tampered_chunk_is_refused_naming_the_chunk_and_nothing_is_left_runnin
     criu: Criu, big: Worker, tmp_path: Path
 ) -> None:
     cap = capture(big.pid, tmp_path / "art", criu=criu)
-    (extent,) = cap.manifest.bulk
+    extent = max(cap.manifest.bulk, key=lambda e: e.length)  # the region (smaller runs are the heap's)
     raw = tmp_path / "art" / extent.file
     assert extent.offset < 2 * CHUNK_BYTES < extent.offset + extent.length, "chunk 2 holds region bytes"
     _flip(raw, 2 * CHUNK_BYTES + 12345)
@@ -204,3 +205,93 @@ def test_images_the_cut_cannot_read_fail_the_capture_saying_how_to_go_on(
         capture(big.pid, tmp_path / "art", criu=Criu(CriuBinary(script)))
     assert err.value.phase == "cut"
     assert not (tmp_path / "art").exists()
+
+
+THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def _thp_mode() -> str:
+    try:
+        return THP_MODE.read_text().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        return "absent"
+
+
+def _mapping_of(pid: int, vaddr: int) -> dict[str, Any]:
+    """The /proc/PID/smaps entry holding `vaddr`: its VmFlags and AnonHugePages bytes."""
+    found: dict[str, Any] | None = None
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head, _, rest = line.partition(" ")
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            if found is not None:
+                break
+            if lo <= vaddr < hi:
+                found = {"size": hi - lo}
+        elif found is not None and head == "AnonHugePages:":
+            found["huge"] = int(rest.split()[0]) << 10
+        elif found is not None and head == "VmFlags:":
+            found["flags"] = rest.split()
+    assert found is not None, f"no mapping of pid {pid} holds {vaddr:#x}"
+    return found
+
+
+@pytest.mark.skipif(_thp_mode() not in {"madvise", "always"}, reason="transparent huge pages are off on this host")
+def test_the_bulk_mapping_comes_back_advised_and_backed_by_huge_pages(criu: Criu, big: Worker, tmp_path: Path) -> None:
+    before = big.get()
+    cap = capture(big.pid, tmp_path / "art", criu=criu)
+    region = max(cap.manifest.bulk, key=lambda e: e.length)
+    assert cap.phase_bytes["hugepages"] >= region.length
+    restored = restore(tmp_path / "art", RestoreOptions(fill_workers=2), criu=criu)
+    assert big.get()["bulk"] == before["bulk"]
+    # (the run may begin in the mapping below: CRIU's entries do not stop at mapping boundaries)
+    mapping = _mapping_of(restored.pid, region.vaddr + region.length // 2)
+    assert "hg" in mapping["flags"], "CRIU replayed the MADV_HUGEPAGE the cut added"
+    # the fill faulted 2 MiB pages: all of the 320 MiB region but its unaligned edges
+    assert mapping["huge"] >= (320 - 4) << 20
+
+
+@pytest.mark.skipif(_thp_mode() != "madvise", reason="only THP 'madvise' shows the advice's effect alone")
+def test_without_the_advice_the_bulk_mapping_keeps_small_pages(criu: Criu, big: Worker, tmp_path: Path) -> None:
+    cap = capture(big.pid, tmp_path / "art", CaptureOptions(bulk_hugepages=False), criu=criu)
+    assert "hugepages" not in cap.phase_bytes
+    region = max(cap.manifest.bulk, key=lambda e: e.length)
+    restored = restore(tmp_path / "art", criu=criu)
+    mapping = _mapping_of(restored.pid, region.vaddr + region.length // 2)
+    assert "hg" not in mapping["flags"] and mapping.get("huge", 0) == 0
+
+
+def test_verified_digests_hash_nothing_but_still_check_sizes_and_the_manifest(
+    criu: Criu, big: Worker, tmp_path: Path
+) -> None:
+    """The node-local cache's path: the caller vouches for the digests, so nothing is hashed again."""
+    before = big.get()
+    cap = capture(big.pid, tmp_path / "art", criu=criu)
+    with pytest.raises(ValueError, match="verified_digests needs expected_manifest_digest"):
+        RestoreOptions(verified_digests=True)
+    trusted = RestoreOptions(expected_manifest_digest=cap.manifest_digest, verified_digests=True)
+    restored = restore(tmp_path / "art", trusted, criu=criu)
+    assert "verify" not in restored.phase_bytes, "no file was hashed before CRIU ran"
+    assert restored.phase_bytes["fill"] == cap.manifest.bulk_bytes
+    assert big.get()["bulk"] == before["bulk"]
+    big.kill()
+
+    # what the trust means: a changed byte is not noticed (the cache's own check must have caught it)
+    extent = max(cap.manifest.bulk, key=lambda e: e.length)
+    _flip(tmp_path / "art" / extent.file, extent.offset + 4096)
+    restore(tmp_path / "art", trusted, criu=criu)
+    assert big.get()["bulk"] != before["bulk"]
+    big.kill()
+    with pytest.raises(ArtifactError, match="tampered or corrupted"):
+        restore(tmp_path / "art", RestoreOptions(expected_manifest_digest=cap.manifest_digest), criu=criu)
+    _gone(big)
+
+    # sizes, unlisted files and the manifest's digest are still checked
+    with (tmp_path / "art" / extent.file).open("r+b") as f:
+        f.truncate(extent.offset + extent.length - 4096)
+    with pytest.raises(ArtifactError, match="differs from the manifest"):
+        restore(tmp_path / "art", trusted, criu=criu)
+    other = RestoreOptions(expected_manifest_digest="sha256:" + "0" * 64, verified_digests=True)
+    with pytest.raises(ArtifactError, match="is not the recorded"):
+        restore(tmp_path / "art", other, criu=criu)
+    assert not proctree.is_alive(big.pid)

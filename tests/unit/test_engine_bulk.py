@@ -190,3 +190,60 @@ def test_fill_tasks_follow_the_digest_chunks_of_the_raw_file() -> None:
     small = Extent(pid=9, vaddr=0x1000, length=PAGE_SIZE, file=one.path, offset=PAGE_SIZE)
     (task,) = bulk._chunks((small,), {one.path: one}, {9: 3})
     assert task.digest == one.sha256 and task.end == one.size, "a file of one chunk is checked by its sha256"
+
+
+def vma_madv(start: int, end: int, prot_status: tuple[int, int], madv: int | None, fdflags: int | None = None) -> bytes:
+    """A vma_entry record as CRIU writes it: madv (field 9) only when the mapping had advice, then fdflags."""
+    prot, status = prot_status
+    body = field(1, start) + field(2, end) + field(3, 0) + field(4, 0) + field(5, prot) + field(6, 0x22)
+    body += field(7, status) + field(8, 1)
+    if madv is not None:
+        body += field(9, madv)
+    if fdflags is not None:
+        body += field(10, fdflags)
+    return body
+
+
+HUGE_TEST_PID, HUGE_TEST_BASE = 42, 0x7F0000000000
+REGION = HUGE_TEST_BASE + 16 * MIB  # 8 MiB, all of it bulk
+HALF = HUGE_TEST_BASE + 64 * MIB  # 8 MiB, 2 MiB of it bulk: stays as it was
+NOHUGE = HUGE_TEST_BASE + 128 * MIB  # 4 MiB of bulk, but its owner asked for no huge pages
+DONTDUMP = 1 << 16  # MADV_DONTDUMP: advice the cut must keep
+
+
+def huge_test_images(root: Path) -> bytes:
+    """Images of one process with three candidate mappings; returns its mm record."""
+    criu = root / "criu"
+    criu.mkdir(parents=True)
+    entries = [entry(REGION, 2048), entry(HALF, 512), entry(NOHUGE, 1024)]
+    (criu / f"pagemap-{HUGE_TEST_PID}.img").write_bytes(image(PAGEMAP_MAGIC, [field(1, 3), *entries]))
+    (criu / "pages-3.img").write_bytes(bytes((8 + 2 + 4) * MIB))
+    vmas = [
+        vma_madv(0x1000, 0x2000, ANON_RW, None),
+        vma_madv(REGION, REGION + 8 * MIB, ANON_RW, DONTDUMP, fdflags=2),
+        vma_madv(HALF, HALF + 8 * MIB, ANON_RW, None),
+        vma_madv(NOHUGE, NOHUGE + 4 * MIB, ANON_RW, 1 << 15),
+    ]
+    record = field(1, 7) + b"".join(field(14, v) for v in vmas) + field(20, b"tail")
+    (criu / f"mm-{HUGE_TEST_PID}.img").write_bytes(image(MM_MAGIC, [record]))
+    return record
+
+
+def test_the_cut_advises_huge_pages_only_on_anonymous_mappings_the_bulk_mostly_fills(tmp_path: Path) -> None:
+    before = huge_test_images(tmp_path)
+    mm = tmp_path / "criu" / f"mm-{HUGE_TEST_PID}.img"
+    done = bulk.cut(tmp_path, {HUGE_TEST_PID}, min_run=MIB)
+    assert done.advised_bytes == 8 * MIB
+    after = {v.start: v for v in read_vmas(mm)}
+    assert after[REGION].madv == DONTDUMP | 1 << 14, "MADV_HUGEPAGE added, the other advice kept"
+    assert after[HALF].madv == 0 and after[NOHUGE].madv == 1 << 15 and after[0x1000].madv == 0
+    # only that vma_entry changed, its madv placed before fdflags as CRIU orders it; the rest verbatim
+    advised = vma_madv(REGION, REGION + 8 * MIB, ANON_RW, DONTDUMP | 1 << 14, fdflags=2)
+    old = vma_madv(REGION, REGION + 8 * MIB, ANON_RW, DONTDUMP, fdflags=2)
+    assert mm.read_bytes() == image(MM_MAGIC, [before.replace(field(14, old), field(14, advised))])
+
+
+def test_without_hugepages_the_cut_leaves_the_mm_image_byte_for_byte(tmp_path: Path) -> None:
+    before = huge_test_images(tmp_path)
+    assert bulk.cut(tmp_path, {HUGE_TEST_PID}, min_run=MIB, hugepages=False).advised_bytes == 0
+    assert (tmp_path / "criu" / f"mm-{HUGE_TEST_PID}.img").read_bytes() == image(MM_MAGIC, [before])

@@ -50,6 +50,13 @@ def write(path: Path, *arrays: np.ndarray, head: int = 0) -> Path:
     return path
 
 
+def test_file_sources_are_read_by_one_thread_per_core_up_to_16_unless_told() -> None:
+    assert Weights(device=HostMemoryDevice()).threads == max(1, min(16, os.cpu_count() or 1))
+    assert Weights(device=HostMemoryDevice(), threads=3).threads == 3
+    with pytest.raises(ValueError, match="threads and streams must be >= 1"):
+        Weights(device=HostMemoryDevice(), threads=0)
+
+
 def test_saved_weights_leave_the_memory_and_come_back_bit_exact_at_the_same_address() -> None:
     w = small()
     a, b = pattern(300_001, 1), pattern(5, 2)

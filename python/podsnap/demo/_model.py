@@ -76,6 +76,8 @@ class Model(Protocol):
 
     def release_caches(self) -> None: ...
 
+    def device_memory(self) -> dict[str, int]: ...
+
     def adopt(self, weights: Weights, source: FileSource | None) -> None: ...
 
 
@@ -147,6 +149,9 @@ class NumpyModel:
 
     def release_caches(self) -> None:
         pass
+
+    def device_memory(self) -> dict[str, int]:
+        return {}
 
     def adopt(self, weights: Weights, source: FileSource | None) -> None:
         """Hand every array the answers depend on to the SDK (the derived ones are kept as host copies)."""

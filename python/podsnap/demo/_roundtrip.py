@@ -14,6 +14,10 @@ same way:
 Before the capture and after the restore it records the answer to a fixed question (tokens too), the
 worker's init id and pid, and an exact checksum of every weight on the device, so callers can assert
 a bit-exact restore.
+
+With `cached_restore`, the restored worker is stopped and the same artifact restored once more with
+`verified_digests` (what a restore from the agent's node-local cache does: the files were verified when
+they were cached, so nothing is hashed again), measured and checked the same way (report key `cached`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +42,7 @@ from podsnap.controldir import ControlDir
 from podsnap.demo._sandbox import Sandbox
 
 if TYPE_CHECKING:
-    from podsnap.engine import ProgressFn
+    from podsnap.engine import ProgressFn, RestoreOptions
 
 QUESTION = "Explain in one sentence what a snapshot of an inference worker is."
 GIB = float(1 << 30)
@@ -165,6 +170,59 @@ def stop_worker(pid: int, *, timeout_s: float = 5.0) -> None:
             time.sleep(0.02)
 
 
+class _Resume:
+    """A restore measured to the first answer: engine restore, restore-complete, resumed, answered."""
+
+    def __init__(self, ctl: ControlDir, port: int, log: Path, context_env: dict[str, str]) -> None:
+        self.ctl, self.port, self.log, self.context_env = ctl, port, log, context_env
+        #: the host PID of the last restored worker, set as soon as the engine returns it
+        self.pid: int | None = None
+
+    def restore(self, artifact: Path, options: RestoreOptions, progress: ProgressFn | None) -> dict[str, Any]:
+        from podsnap.engine import restore
+
+        base = f"http://127.0.0.1:{self.port}"
+        t2 = time.monotonic()
+        res = restore(artifact, options, progress=progress)
+        self.pid = res.pid
+        t3 = time.monotonic()
+        self.ctl.signal_restored(self.context_env)
+        _wait(
+            "the restored worker to resume",
+            lambda: _request(f"{base}/health", timeout=5).get("restored") is True,
+            120,
+            res.pid,
+            self.log,
+        )
+        chat = _request(
+            f"{base}/v1/chat/completions", {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 24}
+        )
+        t4 = time.monotonic()
+        return {
+            "restore_s": t4 - t2,
+            "restore": {
+                "timings_ms": res.timings_ms,
+                "bytes_total": res.bytes_total,
+                "pid": res.pid,
+                "ns_pid": res.ns_pid,
+                "cuda_pids": list(res.cuda_pids),
+                "resume_s": t4 - t3,
+                "first_answer": chat["choices"][0]["message"]["content"],
+                "phase_bytes": dict(res.phase_bytes),
+            },
+        }
+
+
+def _exact(before: dict[str, Any], run: dict[str, Any], after: dict[str, Any]) -> tuple[bool, bool]:
+    """(bit-exact, same worker): same weights, tokens and answer; same init id and pid (in a sandbox the
+    worker reports its namespace PID, which the restore keeps)."""
+    return (
+        after["weights_checksum"] == before["weights_checksum"]
+        and after["tokens"] == before["tokens"]
+        and run["restore"]["first_answer"] == before["answer"]
+    ), after["init_id"] == before["init_id"] and after["pid"] == before["pid"]
+
+
 def round_trip(
     workdir: Path,
     worker_args: Sequence[str],
@@ -181,6 +239,8 @@ def round_trip(
     capture_extra: dict[str, Any] | None = None,
     context_env: dict[str, str] | None = None,
     namespaces: bool = False,
+    bulk_hugepages: bool = True,
+    cached_restore: bool = False,
 ) -> dict[str, Any]:
     """Run the whole round trip; return a JSON-able report (see module doc). Raises RoundTripError.
 
@@ -192,12 +252,14 @@ def round_trip(
     restored worker running and the artifact in place. `namespaces=True` runs the worker in a
     pod-like sandbox (own PID/mount/UTS/IPC namespaces, `podsnap.demo._sandbox`), captures it with
     CRIU inside those namespaces and restores it into a second sandbox, as the agent does in pods.
+    `bulk_hugepages` goes to CaptureOptions; `cached_restore` adds the second restore (module doc).
 
     Report keys: worker_args, cold_start_s, before, gpu_bytes, capture_s, capture{timings_ms,
-    bytes_total, bytes_memory, cuda_pids}, restore_s, restore{timings_ms, bytes_total, pid, cuda_pids,
-    resume_s, first_answer}, after, bit_exact, same_worker, restore_over_cold.
+    bytes_total, bytes_memory, cuda_pids, phase_bytes}, restore_s, restore{timings_ms, bytes_total, pid,
+    cuda_pids, resume_s, first_answer, phase_bytes}, after, bit_exact, same_worker, restore_over_cold;
+    with cached_restore also cached{restore_s, restore{...}, after, bit_exact, same_worker}.
     """
-    from podsnap.engine import CaptureOptions, RestoreOptions, capture, restore
+    from podsnap.engine import CaptureOptions, RestoreOptions, capture
 
     say = progress or (lambda _msg: None)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -214,6 +276,7 @@ def round_trip(
     wenv = {**(env if env is not None else os.environ), contract.ENV_CONTROL_DIR: str(control)}
     report: dict[str, Any] = {"worker_args": list(worker_args), "namespaces": namespaces}
     pid: int | None = None
+    resumed: _Resume | None = None
     sandboxes: list[Sandbox] = []
     try:
         if namespaces:
@@ -250,6 +313,7 @@ def round_trip(
                 criu_binary=criu_binary,
                 extra=dict(capture_extra or {}),
                 namespace_pid=sandboxes[0].init_pid if namespaces else None,
+                bulk_hugepages=bulk_hugepages,
             ),
             progress=engine_progress,
         )
@@ -261,48 +325,36 @@ def round_trip(
             "bytes_total": cap.bytes_total,
             "bytes_memory": cap.bytes_memory,
             "cuda_pids": list(cap.cuda_pids),
+            "phase_bytes": dict(cap.phase_bytes),
         }
         say(f"captured {cap.bytes_total / GIB:.2f} GiB in {report['capture_s']:.2f}s; the source is gone; restoring")
-        t2 = time.monotonic()
-        res = restore(
-            artifact,
-            RestoreOptions(criu_binary=criu_binary, namespace_pid=sandboxes[1].init_pid if namespaces else None),
-            progress=engine_progress,
+        options = RestoreOptions(
+            criu_binary=criu_binary,
+            namespace_pid=sandboxes[1].init_pid if namespaces else None,
+            expected_manifest_digest=cap.manifest_digest,
         )
-        pid = res.pid
-        t3 = time.monotonic()
-        ctl.signal_restored(context_env or {"POD_NAME": "podsnap-roundtrip", "POD_IP": "127.0.0.1"})
-        _wait(
-            "the restored worker to resume", lambda: _request(health, timeout=5).get("restored") is True, 120, pid, log
-        )
-        chat = _request(
-            f"http://127.0.0.1:{port}/v1/chat/completions",
-            {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 24},
-        )
-        t4 = time.monotonic()
-        report["restore_s"] = t4 - t2
-        report["restore"] = {
-            "timings_ms": res.timings_ms,
-            "bytes_total": res.bytes_total,
-            "pid": res.pid,
-            "ns_pid": res.ns_pid,
-            "cuda_pids": list(res.cuda_pids),
-            "resume_s": t4 - t3,
-            "first_answer": chat["choices"][0]["message"]["content"],
-        }
-        after = probe(port)
-        report["after"] = after
-        report["bit_exact"] = (
-            after["weights_checksum"] == before["weights_checksum"]
-            and after["tokens"] == before["tokens"]
-            and report["restore"]["first_answer"] == before["answer"]
-        )
-        # in a sandbox the worker reports its namespace PID, which the restore keeps
-        report["same_worker"] = after["init_id"] == before["init_id"] and after["pid"] == before["pid"]
+        resumed = _Resume(ctl, port, log, context_env or {"POD_NAME": "podsnap-roundtrip", "POD_IP": "127.0.0.1"})
+        primary = resumed.restore(artifact, options, engine_progress)
+        report.update(primary)
+        report["after"] = probe(port)
+        report["bit_exact"], report["same_worker"] = _exact(before, primary, report["after"])
+        if cached_restore:
+            say("restoring the same artifact again, as from a verified node-local cache (verified_digests)")
+            stop_worker(primary["restore"]["pid"])
+            ctl.clear_stale()
+            again = resumed.restore(artifact, replace(options, verified_digests=True), None)
+            again["after"] = probe(port)
+            again["bit_exact"], again["same_worker"] = _exact(before, again, again["after"])
+            report["cached"] = again
         report["restore_over_cold"] = report["restore_s"] / report["cold_start_s"]
         say(f"restored in {report['restore_s']:.2f}s; bit_exact={report['bit_exact']}")
+        if cached_restore:
+            cached = report["cached"]
+            say(f"restored from the verified cache in {cached['restore_s']:.2f}s; bit_exact={cached['bit_exact']}")
         return report
     finally:
+        if resumed is not None and resumed.pid is not None:
+            pid = resumed.pid
         if pid is not None and not keep and _exists(pid):
             stop_worker(pid)
         if not keep:

@@ -130,11 +130,25 @@ class TorchModel:
 
     def release_caches(self) -> None:
         torch.cuda.synchronize()
+        # cuBLAS keeps a workspace per handle and stream in the caching allocator: give those back too
+        clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear_workspaces is not None:
+            clear_workspaces()
         torch.cuda.empty_cache()
         # pinned staging buffers of the loader stay cached in torch's host allocator otherwise
         host_empty = getattr(torch._C, "_host_emptyCache", None)
         if host_empty is not None:
             host_empty()
+
+    def device_memory(self) -> dict[str, int]:
+        """What is left on the GPU: the whole device's use (this process is alone on it in the bench) and
+        what torch's caching allocator holds (reserved) and uses (allocated)."""
+        free, total = torch.cuda.mem_get_info(self.w.device)
+        return {
+            "device_used_bytes": int(total - free),
+            "torch_reserved_bytes": int(torch.cuda.memory_reserved(self.w.device)),
+            "torch_allocated_bytes": int(torch.cuda.memory_allocated(self.w.device)),
+        }
 
 
 def _step(

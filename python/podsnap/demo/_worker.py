@@ -80,7 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="offer this worker for capture only once POST /podsnap/offer arrives (after a caller's own checks)",
     )
-    p.add_argument("--weights-threads", type=int, default=8, help="--cooperative: reader threads for a file source")
+    p.add_argument(
+        "--weights-threads",
+        type=int,
+        default=None,
+        help="--cooperative: reader threads for a file source (default: the SDK's, one per core up to 16)",
+    )
     p.add_argument("--warmup-requests", type=int, default=3, help="requests run before serving (default 3)")
     p.add_argument("--model-id", default="podsnap-demo", help="the model name /v1/models reports")
     p.add_argument("--no-snapshot", action="store_true", help="never offer this worker for capture")
@@ -110,7 +115,7 @@ def adopt_weights(args: argparse.Namespace, model: Model, phases: dict[str, floa
         raise SystemExit("--cooperative-source file needs --weights-file")
     t = time.monotonic()
     small = model.device == "cpu"
-    weights = Weights(threads=2 if small else args.weights_threads, staging_bytes=(4 if small else 16) << 20)
+    weights = Weights(threads=2, staging_bytes=4 << 20) if small else Weights(threads=args.weights_threads)
     model.adopt(weights, FileSource(args.weights_file) if source_kind == "file" else None)
     phases["adopt"] = time.monotonic() - t
     return weights
@@ -173,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         write_weights(args.write_weights, element_count(gib), args.seed, args.dtype)
         return 0
     try:
-        snap = SnapshotControl() if not args.no_snapshot else None
+        # a restored worker notices restore-complete within 10 ms (the SDK's default polls every 50)
+        snap = SnapshotControl(poll_interval_s=0.01) if not args.no_snapshot else None
     except SnapshotError as e:
         raise SystemExit(f"podsnap-demo: {e}") from e
     phases: dict[str, float] = {}
@@ -254,6 +260,12 @@ def _offer_for_capture(
         # last to quiesce (generation has stopped), first to resume (before anything reads the weights)
         weights.attach(snap)
         snap.on_resume(lambda _: server.generation.release(), name="release-generation")
+
+    def record_checkpoint_memory() -> None:
+        # last quiesce hook: what the CUDA checkpoint (and so the image and the fill) will carry
+        state["at_checkpoint"] = model.device_memory()
+
+    snap.on_quiesce(record_checkpoint_memory, name="record-checkpoint-memory")
 
     def mark_restored(info: ResumeInfo) -> None:
         state["restored"] = info.restored

@@ -14,9 +14,10 @@ Capture (host PIDs; CRIU >= 4 found via PODSNAP_CRIU, .tools/bin/criu, PATH)::
     result.manifest_digest                    # "sha256:...": record it, pass it back to restore
 
     Steps: cuInit(0); Lock(30 s) + Checkpoint every CUDA pid of the tree; CRIU dump into a staging dir
-    next to `out`; cut: runs of >= 4 MiB of private anonymous memory (the CUDA checkpoint's host copy of
-    GPU memory, big heaps) leave CRIU's images for raw files under bulk/ (renamed, not copied; manifest
-    schema 2 lists them as extents; `fast_restore=False` keeps the schema 1 layout); manifest (host
+    next to `out`; cut: runs of >= 256 KiB of private anonymous memory (the CUDA checkpoint's host copy of
+    GPU memory, heaps) leave CRIU's images for raw files under bulk/ (renamed, not copied; manifest
+    schema 2 lists them as extents; `fast_restore=False` keeps the schema 1 layout), and the mappings
+    they mostly fill get MADV_HUGEPAGE in CRIU's mm image (`bulk_hugepages=False`: not); manifest (host
     facts, tree, CUDA pids, per-file sha256, per-64-MiB-chunk sha256 of large files); fsync; rename to
     `out`. CRIU's dump ends the source (`leave_running=True` keeps it: CUDA is restored + unlocked after
     the dump). On any failure before that, CUDA is restored + unlocked so the source
@@ -37,9 +38,12 @@ Restore::
     among the images; sha256 of every file but the bulk ones (ArtifactError names the file); gates arch,
     kernel, driver, gpu-model, gpu-count, memory, memory-limit (when `memory_limit_bytes` is given)
     (CompatibilityError(gate, expected, found)); CRIU restore -d with a pidfile (schema 2:
-    --leave-stopped, then `fill_workers` threads write the bulk extents into /proc/PID/mem, checking
-    each chunk's sha256 as they read it, then SIGCONT); CUDA Restore + Unlock. Any failure kills what
-    was restored (a bad chunk: ArtifactError naming it and its byte offset; else RestoreError).
+    --leave-stopped, then `fill_workers` threads write the bulk extents into the stopped processes
+    (process_vm_writev, else /proc/PID/mem), checking each chunk's sha256 as they read it, then
+    SIGCONT); CUDA Restore + Unlock. Any failure kills what was restored (a bad chunk: ArtifactError
+    naming it and its byte offset; else RestoreError). `verified_digests=True` (with
+    `expected_manifest_digest`): the caller vouches for every file's digest (a node-local copy verified
+    when cached), so types and sizes are checked and nothing is hashed.
     A schema 1 artifact restores through CRIU alone; a newer schema is refused ("upgrade podsnap").
 
 Both take `progress=callable(Progress)` (phase, done, total bytes, finished) for long phases, and

@@ -235,12 +235,15 @@ def verify(
     workers: int | None = None,
     progress: ByteProgress | None = None,
     deferred: Iterable[str] = (),
+    digests: bool = True,
 ) -> int:
     """Check every listed file (regular, its size, its sha256) and that the images and bulk dirs hold nothing
     unlisted; return the bytes whose digests were checked.
 
     `deferred` names listed files whose digests the caller checks itself while it reads them (a restore's
     bulk files, verified chunk by chunk as they are written into the process): only type and size here.
+    `digests=False` checks type and size of every file and nothing unlisted, and hashes none (the caller
+    vouches for the digests: RestoreOptions.verified_digests).
     """
     listed = {f.path: f for f in manifest.files}
     if not any(p.startswith(f"{CRIU_DIR}/") for p in listed):
@@ -258,11 +261,11 @@ def verify(
     for top in (CRIU_DIR, BULK_DIR):
         _unlisted(artifact, top, set(listed))
     later = set(deferred)
-    now = [rel for rel in listed if rel not in later]
-    digests = _digests(artifact, now, workers or default_workers(), progress)
+    now = [rel for rel in listed if rel not in later] if digests else []
+    found = _digests(artifact, now, workers or default_workers(), progress)
     for rel in now:
         entry = listed[rel]
-        got, chunks = digests[rel]
+        got, chunks = found[rel]
         if got != entry.sha256:
             where = ""
             bad = [i for i, (a, b) in enumerate(zip(chunks, entry.chunks, strict=False)) if a != b]

@@ -4,18 +4,25 @@ CRIU restores pages with one thread (≈1.8 GiB/s on the H200), and a CUDA worke
 thing: the host copy of its GPU memory, a few huge runs of private anonymous pages. So:
 
 cut (capture, after the dump): for each process, the runs of present pages of at least `min_run` bytes
-inside plain private anonymous read-write VMAs leave CRIU's image. The original `pages-N.img` is renamed
+inside plain private anonymous read-write VMAs leave CRIU's image (CRIU restores what stays with one
+thread, and the restore verifies those files before CRIU runs: the less stays, the better; small runs
+only cost manifest lines). The original `pages-N.img` is renamed
 to `bulk/pages-N.raw` (no copy of the bulk), and a new small `pages-N.img` + `pagemap-N.img` keep only
 the rest (a copy of the small remainder; its bytes are then punched out of the raw file where the
 filesystem can). Each run becomes an extent (pid, vaddr, length, file, offset). Nothing else changes:
-the VMAs stay in `mm-N.img`, so CRIU maps them and leaves their pages zero.
+the VMAs stay in `mm-N.img`, so CRIU maps them and leaves their pages zero. With `hugepages`, the VMAs
+that are mostly bulk get MADV_HUGEPAGE added in `mm-N.img` (see `advise_hugepages`): CRIU's restorer
+advises them, so the fill faults 2 MiB pages and the CUDA driver's restore reads THP-backed memory
+(THP "madvise" is the common host setting; with "always" it changes nothing, with "never" nothing either).
 
 fill (restore, between `criu restore --leave-stopped` and resuming the tree): many threads each take one
-CHUNK_BYTES chunk of a raw file, hash it block by block while writing the blocks' extent bytes into
-`/proc/<pid>/mem` of the stopped process (straight from an mmap of the file: no user-space copy; pwrite
-and sha256 release the GIL), and compare the chunk's digest with the manifest's. A bad chunk raises
-ArtifactError naming it and its byte offset; any failure stops the other threads, and the caller kills
-the tree, which has never run with the bytes.
+CHUNK_BYTES chunk of a raw file, read it block by block into a private buffer, hash each block and write
+its extent bytes from that buffer into the stopped process (`_procmem`: process_vm_writev; preadv,
+sha256 and the write release the GIL), and compare the chunk's digest with the manifest's. A bad chunk
+raises ArtifactError naming it and its byte offset; any failure stops the other threads, and the caller
+kills the tree, which has never run with the bytes. When the caller vouches for the files' digests
+(`verified`: a node-local copy checked when it was cached), the bytes go straight from a mapping of the
+file, unhashed.
 """
 
 from __future__ import annotations
@@ -26,7 +33,6 @@ import ctypes
 import ctypes.util
 import errno
 import hashlib
-import mmap
 import os
 import re
 import stat
@@ -36,12 +42,23 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
-from podsnap.engine._criu_images import Pagemap, PagemapEntry, Vma, read_pagemap, read_vmas, write_pagemap
+from podsnap.engine._criu_images import (
+    Pagemap,
+    PagemapEntry,
+    Vma,
+    advise_hugepages,
+    read_pagemap,
+    read_vmas,
+    write_pagemap,
+)
 from podsnap.engine._manifest import BULK_DIR, CHUNK_BYTES, CRIU_DIR, Extent, FileEntry
+from podsnap.engine._procmem import Method, ProcessMemory, map_readonly, unmap
 from podsnap.engine.errors import ArtifactError
 
 #: runs shorter than this stay in CRIU's image (a run of adjacent pagemap entries, each <= 1 MiB)
-DEFAULT_MIN_RUN = 4 << 20
+DEFAULT_MIN_RUN = 256 << 10
+#: a VMA gets MADV_HUGEPAGE when bulk runs cover at least half of it, and at least one huge page
+HUGEPAGE = 2 << 20
 #: hashed then written in blocks this size: the block is still in cache when pwrite reads it again
 BLOCK = 1 << 20
 _PAGEMAP = re.compile(r"pagemap-([0-9]+)\.img")
@@ -171,17 +188,36 @@ def _split(criu_dir: Path, raw: Path, pagemap_path: Path, pagemap: Pagemap, cut:
     tmp.replace(pagemap_path)
 
 
+def _mostly_bulk(runs: list[_Run]) -> Callable[[Vma], bool]:
+    """Do the runs cover at least half of a VMA, and at least one huge page of it?"""
+    runs = sorted(runs, key=lambda r: r.vaddr)
+    starts = [r.vaddr for r in runs]
+
+    def covered(v: Vma) -> bool:
+        i = max(0, bisect.bisect_right(starts, v.start) - 1)
+        inside = 0
+        while i < len(runs) and runs[i].vaddr < v.end:
+            inside += max(0, min(v.end, runs[i].vaddr + runs[i].length) - max(v.start, runs[i].vaddr))
+            i += 1
+        return inside >= max(HUGEPAGE, (v.end - v.start) // 2)
+
+    return covered
+
+
 @dataclass(frozen=True)
 class Cut:
     extents: list[Extent]
     #: bytes of all runs of at least `min_run`, whatever their mapping: what is left of it stayed in
     #: CRIU's images because its mapping is not plain anonymous rw memory (shown by progress and benches)
     large_bytes: int
+    #: bytes of the VMAs given MADV_HUGEPAGE in their mm image
+    advised_bytes: int = 0
 
 
-def cut(staging: Path, criu_pids: set[int], *, min_run: int = DEFAULT_MIN_RUN) -> Cut:
+def cut(staging: Path, criu_pids: set[int], *, min_run: int = DEFAULT_MIN_RUN, hugepages: bool = True) -> Cut:
     """Move the large memory runs of every process in `criu_pids` (CRIU's own numbering) out of the
-    images in `staging/criu` into `staging/bulk`; return their extents (empty: nothing worth moving)."""
+    images in `staging/criu` into `staging/bulk`; return their extents (empty: nothing worth moving).
+    `hugepages`: advise MADV_HUGEPAGE on the VMAs the runs mostly fill (only ever adds that bit)."""
     criu_dir, bulk_dir = staging / CRIU_DIR, staging / BULK_DIR
     plans: list[tuple[int, Path, Pagemap, list[_Run], list[int]]] = []
     seen_pages: set[int] = set()
@@ -200,13 +236,16 @@ def cut(staging: Path, criu_pids: set[int], *, min_run: int = DEFAULT_MIN_RUN) -
         if runs:
             plans.append((pid, path, pagemap, runs, covered))
     extents: list[Extent] = []
+    advised = 0
     for pid, path, pagemap, runs, covered in plans:
         bulk_dir.mkdir(exist_ok=True)
         raw = bulk_dir / f"pages-{pagemap.pages_id}.raw"
         _split(criu_dir, raw, path, pagemap, covered)
         rel = f"{BULK_DIR}/{raw.name}"
         extents += [Extent(pid=pid, vaddr=r.vaddr, length=r.length, file=rel, offset=r.offset) for r in runs]
-    return Cut(extents, large)
+        if hugepages:
+            advised += sum(v.end - v.start for v in advise_hugepages(criu_dir / f"mm-{pid}.img", _mostly_bulk(runs)))
+    return Cut(extents, large, advised)
 
 
 # --- fill (restore) --------------------------------------------------------------------------------------
@@ -214,11 +253,11 @@ def cut(staging: Path, criu_pids: set[int], *, min_run: int = DEFAULT_MIN_RUN) -
 
 @dataclass(frozen=True)
 class _Piece:
-    """Bytes [offset, offset + length) of a raw file go to `vaddr` of the process behind `mem`."""
+    """Bytes [offset, offset + length) of a raw file go to `vaddr` of the process behind `target`."""
 
     offset: int
     length: int
-    mem: int
+    target: ProcessMemory
     vaddr: int
 
 
@@ -232,7 +271,9 @@ class _Chunk:
     pieces: tuple[_Piece, ...]
 
 
-def _chunks(extents: tuple[Extent, ...], files: Mapping[str, FileEntry], mems: Mapping[int, int]) -> list[_Chunk]:
+def _chunks(
+    extents: tuple[Extent, ...], files: Mapping[str, FileEntry], targets: Mapping[int, ProcessMemory]
+) -> list[_Chunk]:
     """One task per CHUNK_BYTES chunk of a raw file that holds extent bytes, with the pieces it writes."""
     pieces: dict[tuple[str, int], list[_Piece]] = {}
     for e in extents:
@@ -241,7 +282,7 @@ def _chunks(extents: tuple[Extent, ...], files: Mapping[str, FileEntry], mems: M
             index = pos // CHUNK_BYTES
             stop = min(end, (index + 1) * CHUNK_BYTES)
             pieces.setdefault((e.file, index), []).append(
-                _Piece(pos, stop - pos, mems[e.pid], e.vaddr + pos - e.offset)
+                _Piece(pos, stop - pos, targets[e.pid], e.vaddr + pos - e.offset)
             )
             pos = stop
     out = []
@@ -253,71 +294,108 @@ def _chunks(extents: tuple[Extent, ...], files: Mapping[str, FileEntry], mems: M
     return out
 
 
-def _write(mem: int, view: memoryview, vaddr: int) -> None:
+class _Buffer:
+    """A thread's private block buffer: what is hashed is what is written (nobody else can change it)."""
+
+    def __init__(self) -> None:
+        self.mem = (ctypes.c_char * BLOCK)()
+        self.addr = ctypes.addressof(self.mem)
+        self.view = memoryview(self.mem).cast("B")
+
+
+def _read_block(fd: int, view: memoryview, offset: int, where: Path) -> None:
     done = 0
     while done < len(view):
-        n = os.pwrite(mem, view[done:], vaddr + done)
+        n = os.preadv(fd, [view[done:]], offset + done)
         if n <= 0:
-            raise OSError(f"writing process memory at {vaddr + done:#x} wrote nothing")
+            raise ArtifactError(f"{where}: ended at byte {offset + done}, shorter than verified", path=str(where))
         done += n
 
 
-def _fill_chunk(chunk: _Chunk, data: mmap.mmap, stop: threading.Event, where: Path) -> int:
-    """Hash the chunk block by block, writing each block's extent bytes as it goes; raise on a bad digest."""
+def _check_targets(chunk: _Chunk) -> None:
+    for target in {id(p.target): p.target for p in chunk.pieces}.values():
+        if not target.alive():
+            raise OSError(f"restored pid {target.pid} exited while its memory was being filled")
+
+
+def _fill_chunk(chunk: _Chunk, fd: int, buf: _Buffer, stop: threading.Event, where: Path) -> int:
+    """Read the chunk block by block into `buf`, hash each block and write its extent bytes from `buf`;
+    raise on a bad digest (the tree has not run: the caller kills it)."""
     h = hashlib.sha256()
-    view = memoryview(data)
-    try:
-        for block in range(chunk.start, chunk.end, BLOCK):
-            if stop.is_set():
-                return 0
-            block_end = min(block + BLOCK, chunk.end)
-            h.update(view[block:block_end])
-            for p in chunk.pieces:
-                lo, hi = max(p.offset, block), min(p.offset + p.length, block_end)
-                if lo < hi:
-                    _write(p.mem, view[lo:hi], p.vaddr + lo - p.offset)
-    finally:
-        view.release()
+    path = where / chunk.file
+    for block in range(chunk.start, chunk.end, BLOCK):
+        if stop.is_set():
+            return 0
+        block_end = min(block + BLOCK, chunk.end)
+        view = buf.view[: block_end - block]
+        _read_block(fd, view, block, path)
+        h.update(view)
+        for p in chunk.pieces:
+            lo, hi = max(p.offset, block), min(p.offset + p.length, block_end)
+            if lo < hi:
+                p.target.write(p.vaddr + lo - p.offset, buf.addr + lo - block, hi - lo)
     if h.hexdigest() != chunk.digest:
         raise ArtifactError(
-            f"{where / chunk.file}: chunk {chunk.index} (bytes {chunk.start}..{chunk.end}) has sha256 "
+            f"{path}: chunk {chunk.index} (bytes {chunk.start}..{chunk.end}) has sha256 "
             f"{h.hexdigest()[:16]}…, not the manifest's {chunk.digest[:16]}… (tampered or corrupted)",
-            path=str(where / chunk.file),
+            path=str(path),
         )
+    _check_targets(chunk)
     return sum(p.length for p in chunk.pieces)
 
 
+def _copy_chunk(chunk: _Chunk, base: int, stop: threading.Event) -> int:
+    """Write the chunk's extent bytes straight from the file's mapping (verified_digests: no hashing)."""
+    for p in chunk.pieces:
+        if stop.is_set():
+            return 0
+        p.target.write(p.vaddr, base + p.offset, p.length)
+    _check_targets(chunk)
+    return sum(p.length for p in chunk.pieces)
+
+
+@dataclass
+class _Source:
+    fd: int
+    size: int
+    #: the file's read-only shared mapping, only when its bytes are trusted without hashing
+    base: int = 0
+
+
 @contextlib.contextmanager
-def _mapped(artifact: Path, files: Mapping[str, FileEntry], names: list[str]) -> Iterator[dict[str, mmap.mmap]]:
-    maps: dict[str, mmap.mmap] = {}
+def _sources(
+    artifact: Path, files: Mapping[str, FileEntry], names: list[str], *, mapped: bool
+) -> Iterator[dict[str, _Source]]:
+    out: dict[str, _Source] = {}
     try:
         for name in names:
             path = artifact / name
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode) or st.st_size != files[name].size:
-                    raise ArtifactError(f"{path}: changed since it was verified (size or type)", path=str(path))
-                maps[name] = mmap.mmap(fd, st.st_size, prot=mmap.PROT_READ)
-            finally:
-                os.close(fd)
-        yield maps
+            src = out[name] = _Source(fd, files[name].size)
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size != src.size:
+                raise ArtifactError(f"{path}: changed since it was verified (size or type)", path=str(path))
+            if mapped and src.size:
+                src.base = map_readonly(fd, src.size)
+        yield out
     finally:
-        for m in maps.values():
-            m.close()
+        for src in out.values():
+            if src.base:
+                unmap(src.base, src.size)
+            os.close(src.fd)
 
 
 @contextlib.contextmanager
-def _memories(host_pids: Mapping[int, int]) -> Iterator[dict[int, int]]:
-    """criu pid -> an fd of /proc/<host pid>/mem, open for writing."""
-    fds: dict[int, int] = {}
+def _targets(host_pids: Mapping[int, int], method: Method) -> Iterator[dict[int, ProcessMemory]]:
+    """criu pid -> write access to the memory of its host pid."""
+    out: dict[int, ProcessMemory] = {}
     try:
         for criu_pid, host_pid in host_pids.items():
-            fds[criu_pid] = os.open(f"/proc/{host_pid}/mem", os.O_RDWR | os.O_CLOEXEC)
-        yield fds
+            out[criu_pid] = ProcessMemory(host_pid, method=method)
+        yield out
     finally:
-        for fd in fds.values():
-            os.close(fd)
+        for t in out.values():
+            t.close()
 
 
 def fill(
@@ -328,18 +406,35 @@ def fill(
     *,
     workers: int,
     progress: Callable[[int, int], None] | None = None,
+    verified: bool = False,
+    method: Method = "auto",
 ) -> int:
     """Write every extent into its (stopped) process; `host_pids` maps CRIU's pid to the host pid now.
     Returns the bytes written. `progress(done, total)` runs on this thread after each chunk; if it raises,
-    the fill stops like on any other failure (the workers finish their current block, nothing more)."""
+    the fill stops like on any other failure (the workers finish their current block, nothing more).
+
+    Each chunk is read into a private buffer, hashed and written from there, so the bytes checked are
+    the bytes written even if someone rewrites the file meanwhile. `verified=True` (the caller vouches
+    for the files' digests, RestoreOptions.verified_digests) writes straight from a mapping of the file
+    and checks nothing but sizes."""
     total = sum(e.length for e in extents)
     names = sorted({e.file for e in extents})
     stop = threading.Event()
     done = 0
-    with _mapped(artifact, files, names) as maps, _memories(host_pids) as mems:
-        tasks = _chunks(extents, files, mems)
+    local = threading.local()
+
+    def run(chunk: _Chunk, src: _Source) -> int:
+        if verified:
+            return _copy_chunk(chunk, src.base, stop)
+        buf = getattr(local, "buf", None)
+        if buf is None:
+            buf = local.buf = _Buffer()
+        return _fill_chunk(chunk, src.fd, buf, stop, artifact)
+
+    with _sources(artifact, files, names, mapped=verified) as sources, _targets(host_pids, method) as targets:
+        tasks = _chunks(extents, files, targets)
         with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="podsnap-fill") as pool:
-            pending: set[Future[int]] = {pool.submit(_fill_chunk, c, maps[c.file], stop, artifact) for c in tasks}
+            pending: set[Future[int]] = {pool.submit(run, c, sources[c.file]) for c in tasks}
             try:
                 while pending:
                     finished, pending = wait(pending, return_when=FIRST_COMPLETED)

@@ -178,7 +178,12 @@ def _cut(src: _Source, opts: CaptureOptions, staging: art.Staging, timer: Timer)
         return ()
     with timer.phase("cut"):
         try:
-            done = bulk.cut(staging.path, {p.ns_pid for p in src.tree}, min_run=opts.bulk_min_run_bytes)
+            done = bulk.cut(
+                staging.path,
+                {p.ns_pid for p in src.tree},
+                min_run=opts.bulk_min_run_bytes,
+                hugepages=opts.bulk_hugepages,
+            )
         except ImageError as exc:
             raise CaptureError(
                 f"CRIU {src.criu_version} wrote images this podsnap cannot split ({exc}): "
@@ -188,6 +193,8 @@ def _cut(src: _Source, opts: CaptureOptions, staging: art.Staging, timer: Timer)
             ) from exc
         # its last report: bytes moved of all large runs (the rest is in mappings a write cannot fill)
         timer.set_done("cut", sum(e.length for e in done.extents), total=done.large_bytes)
+    if done.advised_bytes:
+        timer.bytes["hugepages"] = done.advised_bytes
     return tuple(done.extents)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from podsnap.engine._artifact import parse_digest
+from podsnap.engine._bulk import DEFAULT_MIN_RUN
 from podsnap.engine._compat import GateFailure
 from podsnap.engine._criu_config import CriuOptions
 from podsnap.engine._cuda import DEFAULT_LOCK_TIMEOUT_MS
@@ -58,7 +59,11 @@ class CaptureOptions:
     #: False writes the schema 1 layout, which every podsnap restores
     fast_restore: bool = True
     #: the smallest run of private anonymous memory worth moving out of CRIU's images
-    bulk_min_run_bytes: int = 4 << 20
+    bulk_min_run_bytes: int = DEFAULT_MIN_RUN
+    #: add MADV_HUGEPAGE to the mappings the bulk memory mostly fills (in CRIU's mm image, which CRIU
+    #: replays at restore): the fill and the CUDA driver's restore then work on 2 MiB pages where the
+    #: host's THP mode is `madvise` (the usual one). False leaves every mapping's advice as it was.
+    bulk_hugepages: bool = True
 
     def __post_init__(self) -> None:
         if self.bulk_min_run_bytes < PAGE_SIZE:
@@ -100,6 +105,13 @@ class RestoreOptions:
     expected_manifest_digest: str | None = None
     #: threads writing the bulk memory of a schema-2 artifact into the stopped tree (None: cores, at most 16)
     fill_workers: int | None = None
+    #: the caller vouches that every file of the artifact was checked against the digests of the manifest
+    #: `expected_manifest_digest` names, and that nobody who is not trusted could change them since: a
+    #: node-local copy verified once when it was cached, on storage only the agent writes. The restore then
+    #: checks the manifest's digest, every file's type and size and that nothing unlisted is there, but
+    #: hashes nothing (no verify pass, no per-chunk check in the fill). Never the default: an artifact on a
+    #: shared volume is read by a restore exactly as anyone with write access there left it.
+    verified_digests: bool = False
 
     def __post_init__(self) -> None:
         if self.expected_manifest_digest is not None:
@@ -107,6 +119,11 @@ class RestoreOptions:
                 parse_digest(self.expected_manifest_digest)
             except ValueError as exc:
                 raise ValueError(f"RestoreOptions.expected_manifest_digest: {exc}") from None
+        if self.verified_digests and self.expected_manifest_digest is None:
+            raise ValueError(
+                "RestoreOptions.verified_digests needs expected_manifest_digest: the files were verified against "
+                "one manifest, and only its recorded digest says this is that manifest"
+            )
         if self.fill_workers is not None and self.fill_workers < 1:
             raise ValueError(f"RestoreOptions.fill_workers {self.fill_workers}: at least 1")
 
@@ -123,7 +140,8 @@ class CaptureResult:
     cuda_pids: tuple[int, ...]
     #: `sha256:<hex>` of manifest.json: record it, and pass it as RestoreOptions.expected_manifest_digest
     manifest_digest: str = ""
-    #: phase -> bytes it handled (criu_dump: images written, cut: memory moved to bulk files, hash: hashed)
+    #: phase -> bytes it handled (criu_dump: images written, cut: memory moved to bulk files, hash: hashed;
+    #: `hugepages`: the mappings the cut advised MADV_HUGEPAGE, when any)
     phase_bytes: dict[str, int] = field(default_factory=dict)
 
 
@@ -145,7 +163,7 @@ class RestoreResult:
     #: gates that failed but were skipped by skip_compat
     skipped_gates: tuple[GateFailure, ...] = ()
     #: phase -> bytes it handled (verify: hashed before CRIU ran, criu_restore: CRIU's pages, fill: bulk
-    #: memory written and digest-checked): rates are these over timings_ms
+    #: memory written, digest-checked unless verified_digests): rates are these over timings_ms
     phase_bytes: dict[str, int] = field(default_factory=dict)
 
 

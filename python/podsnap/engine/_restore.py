@@ -5,7 +5,9 @@
 
 A schema-2 artifact keeps its bulk memory outside CRIU's images (see _bulk): CRIU restores the rest and
 leaves the tree stopped, `fill` writes the bulk in parallel while checking each chunk's digest (so those
-files skip `verify`), and `resume` lets the tree run. Nothing runs before the artifact is verified and
+files skip `verify`), and `resume` lets the tree run. With `verified_digests` the caller vouches for every
+file's digest (a node-local copy checked when cached): `verify` checks types and sizes only and `fill`
+hashes nothing. Nothing runs before the artifact is verified and
 the gates passed; from the moment CRIU starts, any failure (or interruption) kills every process
 restored so far, so no half-restored worker serves and none is left behind.
 """
@@ -101,6 +103,7 @@ def _verify(run: _Run) -> int:
             workers=run.opts.hash_workers,
             progress=lambda done, total: timer.report("verify", done, total, start=start),
             deferred=run.manifest.bulk_files,  # checked chunk by chunk as `fill` reads them
+            digests=not run.opts.verified_digests,
         )
         timer.set_done("verify", nbytes)
         return nbytes
@@ -217,6 +220,7 @@ def _fill(run: _Run, tree: _Restored) -> None:
             by_criu_pid,
             workers=run.opts.fill_workers or default_workers(),
             progress=lambda done, total: timer.report("fill", done, total, start=start),
+            verified=run.opts.verified_digests,
         )
         timer.set_done("fill", written)
     with timer.phase("resume"):

@@ -59,6 +59,15 @@ if TYPE_CHECKING:
 
 MIB = 1 << 20
 GIB = 1 << 30
+#: reader threads for file sources when none are given: page cache -> pinned -> GPU ran at 22.6 GiB/s with
+#: 8 threads and 27.9 with 16 on the H200 (DESIGN.md); more than the cores only adds switching
+DEFAULT_MAX_THREADS = 16
+
+
+def default_threads() -> int:
+    return max(1, min(DEFAULT_MAX_THREADS, os.cpu_count() or 1))
+
+
 #: every adopted tensor starts on this boundary (what CUDA's allocators give, and vector loads expect)
 ALIGN = 512
 
@@ -137,13 +146,14 @@ class Weights:
         self,
         *,
         device: Device | None = None,
-        threads: int = 8,
-        staging_bytes: int = 16 * MIB,
+        threads: int | None = None,
+        staging_bytes: int = 8 * MIB,
         streams: int = 4,
         copy_chunk_bytes: int = 64 * MIB,
         segment_bytes: int = 16 * GIB,
         map_step_bytes: int = 32 * MIB,
     ) -> None:
+        threads = default_threads() if threads is None else threads
         if threads < 1 or streams < 1:
             raise ValueError(f"threads and streams must be >= 1, got {threads} and {streams}")
         if staging_bytes < _mem.PAGE or copy_chunk_bytes < _mem.PAGE:
