@@ -296,6 +296,14 @@ SNAPSHOT_POLICY_SPEC: Schema = obj(
             "description": "What happens to the captured PodSnapshot and artifact when the policy is deleted.",
         },
         "targetContainerName": {**CONTAINER_NAME, "default": "main"},
+        "skipCompatCheck": {
+            "type": "boolean",
+            "description": (
+                "Restore even where the soft compatibility gates (image digest, memory limit, GPU model...) "
+                "refuse. The webhook carries it in the restore pod's signed token; the pod's own "
+                "podsnap.io/skip-compat-check annotation is not honoured."
+            ),
+        },
         "checkpointRef": obj(
             {"name": NAME},
             required=["name"],

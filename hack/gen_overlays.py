@@ -14,6 +14,7 @@ chart did. It is a TEST certificate, committed to git: production installs use t
 from __future__ import annotations
 
 import argparse
+import base64
 import filecmp
 import os
 import shutil
@@ -98,9 +99,22 @@ def dump(doc: Any) -> str:
     return HEADER + yaml.safe_dump(doc, sort_keys=False, width=120)
 
 
+#: the overlays are test harnesses checked into git, so their pod-token key is public by construction; a
+#: real installation gets a random one from the chart (overlays/README.md says to replace it)
+PUBLIC_TOKEN_KEY = "public-test-harness-key-replace-it-outside-tests"
+
+
+def public_token_key(docs: list[dict[str, Any]]) -> None:
+    """The pod-token key is random per render (helm template cannot look up an installed one)."""
+    for doc in docs:
+        if doc["kind"] == "Secret" and doc["metadata"]["name"].endswith("-token-key"):
+            doc["data"] = {"key": base64.b64encode(PUBLIC_TOKEN_KEY.encode()).decode()}
+
+
 def write_base(out: Path, existing: Path) -> None:
     docs = render()
     keep_existing_tls(docs, existing)
+    public_token_key(docs)
     files: dict[str, dict[str, Any]] = {"namespace.yaml": namespace_doc()}
     for doc in docs:
         relabel(doc)

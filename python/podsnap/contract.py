@@ -155,11 +155,14 @@ ARTIFACT_ROOT_DEFAULT: Final = "/var/lib/podsnap/artifacts"
 WEBHOOK_CERT_DIR_DEFAULT: Final = "/etc/podsnap/webhook-tls"
 #: where the agent container mounts the host's cgroup filesystem (its own /sys/fs/cgroup is its container's)
 CGROUP_ROOT_IN_AGENT: Final = "/host/sys/fs/cgroup"
+#: where the operator and the agent find the key of podsnap's pod tokens (file `key`; issue 10)
+TOKEN_KEY_DIR_DEFAULT: Final = "/etc/podsnap/token-key"
 #: the chart's key for each path it mounts into a container -> the path
 CHART_PATHS: Final[dict[str, str]] = {
     "artifactRoot": ARTIFACT_ROOT_DEFAULT,
     "webhookCertDir": WEBHOOK_CERT_DIR_DEFAULT,
     "cgroupRoot": CGROUP_ROOT_IN_AGENT,
+    "tokenKeyDir": TOKEN_KEY_DIR_DEFAULT,
 }
 #: namespaces labelled `podsnap.io/webhook: disabled` are never sent to the pod webhook
 LABEL_WEBHOOK: Final = f"{GROUP}/webhook"
@@ -177,6 +180,7 @@ ENV_WEBHOOK_PORT: Final = "PODSNAP_WEBHOOK_PORT"  # "0": webhook off (new pods s
 ENV_WEBHOOK_PATH: Final = "PODSNAP_WEBHOOK_PATH"  # the path the webhook configuration calls
 ENV_WEBHOOK_CERT_DIR: Final = "PODSNAP_WEBHOOK_CERT_DIR"  # tls.crt and tls.key of the webhook server
 ENV_ARTIFACT_ROOT: Final = "PODSNAP_ARTIFACT_ROOT"  # where the agent mounts the artifact volume
+ENV_TOKEN_KEY_DIR: Final = "PODSNAP_TOKEN_KEY_DIR"  # holds `key`, the HMAC key of podsnap's pod tokens
 ENV_CGROUP_ROOT: Final = "PODSNAP_CGROUP_ROOT"  # the host's /sys/fs/cgroup as mounted in the agent
 #: not passed by the chart (set it through operator.extraEnv): "auto" (pod scheduling gates where the
 #: server has them), "on", "off" (hold replicas at zero)
@@ -196,6 +200,7 @@ CHART_ENV: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     "webhookCertDir": (ENV_WEBHOOK_CERT_DIR, (COMPONENT_OPERATOR,)),
     "artifactRoot": (ENV_ARTIFACT_ROOT, (COMPONENT_AGENT,)),
     "cgroupRoot": (ENV_CGROUP_ROOT, (COMPONENT_AGENT,)),
+    "tokenKeyDir": (ENV_TOKEN_KEY_DIR, (COMPONENT_OPERATOR, COMPONENT_AGENT)),
 }
 
 
@@ -243,3 +248,14 @@ FILE_WORKER_EXITED: Final = "podsnap-worker-exited"  # placeholder: the restored
 ENV_RESTORE_TIMEOUT: Final = "PODSNAP_RESTORE_TIMEOUT_S"
 RESTORE_TIMEOUT_DEFAULT_S: Final = 600
 REASON_ALREADY_COLD: Final = "StartedCold"
+
+
+# --- tenant isolation (issue 10; additive) ---------------------------------------------------
+#: HMAC tokens (podsnap.kube.tokens) a namespace user cannot forge: the operator marks the pod template of
+#: every capture Job, its webhook every pod it shapes for restore; the agent acts only on marked pods
+ANNOTATION_CAPTURE_TOKEN: Final = f"{GROUP}/capture-token"
+ANNOTATION_RESTORE_TOKEN: Final = f"{GROUP}/restore-token"
+#: a PodSnapshot names a pod that no SnapshotJob made a capture source (no valid capture token)
+REASON_NOT_A_CAPTURE_SOURCE: Final = "NotACaptureSource"
+#: a restore pod that podsnap did not shape (no valid restore token); terminal, like RestoreIncompatible
+REASON_RESTORE_REFUSED: Final = "RestoreRefused"

@@ -87,7 +87,7 @@ def test_an_install_without_an_image_registry_fails_saying_where_images_come_fro
 
 def test_every_rendered_object_exists_on_the_server(cluster: Cluster) -> None:
     objects = manifest_objects(cluster, RELEASE, NAMESPACE)
-    assert len(objects) == 20
+    assert len(objects) == 21
     for obj in objects:
         ns = ["-n", obj["metadata"]["namespace"]] if "namespace" in obj["metadata"] else []
         got = cluster.get(*ns, obj["kind"].lower(), obj["metadata"]["name"])
@@ -305,9 +305,11 @@ def ca_bundle(c: Cluster, name: str) -> str:
 
 def test_reuse_values_upgrade_keeps_overrides_and_certificate(cluster: Cluster) -> None:
     before = secret_data(cluster, NAMESPACE, "podsnap-webhook-tls")
+    token_key = secret_data(cluster, NAMESPACE, "podsnap-token-key")  # the pods marked with it stay valid
     assert ca_bundle(cluster, "podsnap-webhook") == before["ca.crt"]
     cluster.helm_run("upgrade", RELEASE, str(CHART), "-n", NAMESPACE, "--reuse-values", "--set", "agent.logLevel=debug")
     assert secret_data(cluster, NAMESPACE, "podsnap-webhook-tls") == before
+    assert secret_data(cluster, NAMESPACE, "podsnap-token-key") == token_key
     assert ca_bundle(cluster, "podsnap-webhook") == before["ca.crt"]
     values = cluster.values(RELEASE, NAMESPACE)
     assert values["storage"]["pvc"]["size"] == "2Ti" and values["agent"]["logLevel"] == "debug"
@@ -319,6 +321,7 @@ def test_reuse_values_upgrade_keeps_overrides_and_certificate(cluster: Cluster) 
     # a plain upgrade (values from scratch) finds the Secret with `lookup` and keeps it too
     cluster.helm_run("upgrade", RELEASE, str(CHART), "-n", NAMESPACE, *OVERRIDES)
     assert secret_data(cluster, NAMESPACE, "podsnap-webhook-tls") == before
+    assert secret_data(cluster, NAMESPACE, "podsnap-token-key") == token_key
     revision = cluster.helm_run("history", RELEASE, "-n", NAMESPACE, "-o", "json").stdout
     assert [r["status"] for r in json.loads(revision)] == ["superseded", "superseded", "deployed"]
 

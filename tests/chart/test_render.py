@@ -55,17 +55,20 @@ def test_every_scenario_renders_the_expected_objects(matrix: dict[str, Docs]) ->
         ["CustomResourceDefinition"] * 4
         + ["ClusterRole", "ClusterRoleBinding", "ServiceAccount"] * 2
         + ["ConfigMap", "DaemonSet", "Deployment", "MutatingWebhookConfiguration", "PersistentVolumeClaim"]
-        + ["Secret", "Service", "Service", "Service", "ValidatingWebhookConfiguration"]
+        + ["Secret", "Secret", "Service", "Service", "Service", "ValidatingWebhookConfiguration"]
     )
     assert "PersistentVolumeClaim" not in kinds(matrix["existing-claim"])
     assert "CustomResourceDefinition" not in kinds(matrix["no-crds"])
     assert kinds(matrix["service-monitor"]).count("ServiceMonitor") == 1
-    assert "Secret" not in kinds(matrix["cert-manager"]) and "Certificate" in kinds(matrix["cert-manager"])
+    cm_secrets = [d["metadata"]["name"] for d in matrix["cert-manager"] if d["kind"] == "Secret"]
+    assert cm_secrets == ["podsnap-token-key"] and "Certificate" in kinds(matrix["cert-manager"])
     assert "Issuer" not in kinds(matrix["cert-manager"]) and "Issuer" in kinds(matrix["cert-manager-selfsigned"])
     minimal = kinds(matrix["minimal"])
     webhooks = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
-    for kind in (*webhooks, "Secret", "Service", "ConfigMap", "ServiceAccount"):
+    for kind in (*webhooks, "Service", "ConfigMap", "ServiceAccount"):
         assert kind not in minimal
+    # the one Secret left is the pod-token key, which is not optional (tests/chart/test_security.py)
+    assert [d["metadata"]["name"] for d in matrix["minimal"] if d["kind"] == "Secret"] == ["podsnap-token-key"]
 
 
 def test_helm3_renders_every_scenario_like_helm4(helm3: str, matrix: dict[str, Docs]) -> None:
@@ -170,7 +173,11 @@ def test_operator_is_unprivileged_with_probes_and_ports(default_docs: Docs) -> N
     assert op["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert op["readinessProbe"]["httpGet"]["port"] == "health"
     mounts = {m["mountPath"]: m["name"] for m in op["volumeMounts"]}
-    assert mounts == {"/tmp": "tmp", contract.WEBHOOK_CERT_DIR_DEFAULT: "webhook-tls"}
+    assert mounts == {
+        "/tmp": "tmp",
+        contract.WEBHOOK_CERT_DIR_DEFAULT: "webhook-tls",
+        contract.TOKEN_KEY_DIR_DEFAULT: "token-key",
+    }
     env = env_of(op)
     assert env[contract.ENV_WEBHOOK_CERT_DIR] == contract.WEBHOOK_CERT_DIR_DEFAULT
     assert env[contract.ENV_WEBHOOK_PORT] == "9443" and env[contract.ENV_WEBHOOK_PATH] == "/mutate-pods"

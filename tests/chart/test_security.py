@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 
+from podsnap.contract import TOKEN_KEY_DIR_DEFAULT
 from podsnap.operator.config import WEBHOOK_PATH_ID
 from podsnap.operator.on_validate import VALIDATE_JOBS, VALIDATE_POLICIES, VALIDATE_SNAPSHOTS
 from tests.chart.conftest import NAMESPACE, Docs, find, render
@@ -57,3 +58,35 @@ def test_operator_may_ask_access_reviews_only_with_the_webhook(default_docs: Doc
     assert not any(
         "subjectaccessreviews" in r["resources"] for r in find(default_docs, "ClusterRole", "podsnap-agent")["rules"]
     )
+
+
+def test_token_key_is_mounted_into_the_operator_and_the_agents_only(matrix: dict[str, Docs]) -> None:
+    """The key that marks podsnap's pods: a Secret the chart makes, read-only in the operator and the agent,
+    never in a pod a workload could run, and never read through the API (no Secret RBAC)."""
+    for name, docs in matrix.items():
+        [secret] = [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"].endswith("-token-key")]
+        key_name = secret["metadata"]["name"]
+        assert len(base64.b64decode(secret["data"]["key"])) >= 32, name
+        users = {}
+        for doc in docs:
+            pod = (doc.get("spec") or {}).get("template", {}).get("spec")
+            if not pod:
+                continue
+            volumes = [
+                v["name"] for v in pod.get("volumes") or [] if (v.get("secret") or {}).get("secretName") == key_name
+            ]
+            for ct in pod["containers"] + pod.get("initContainers", []):
+                for m in ct.get("volumeMounts") or []:
+                    if m["name"] in volumes:
+                        assert m["readOnly"] is True and m["mountPath"] == TOKEN_KEY_DIR_DEFAULT
+                        users[doc["kind"]] = ct["name"]
+        assert users == {"Deployment": "operator", "DaemonSet": "agent"}, name
+        for role in (d for d in docs if d["kind"] in ("ClusterRole", "Role")):
+            assert not any("secrets" in r.get("resources", []) for r in role["rules"]), role["metadata"]["name"]
+
+
+def test_two_renders_make_two_keys(helm: str) -> None:
+    """`helm template` cannot look the installed key up; an install makes a random one (an upgrade keeps it:
+    tests/chart/test_install.py)."""
+    keys = {find(render(helm), "Secret", "podsnap-token-key")["data"]["key"] for _ in range(2)}
+    assert len(keys) == 2

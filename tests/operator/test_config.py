@@ -24,6 +24,7 @@ from podsnap import contract as c
 from podsnap.agent.config import AgentConfig
 from podsnap.kube.client import get_or_none
 from podsnap.kube.env import ConfigError
+from podsnap.kube.tokens import CAPTURE, KEY_FILE, Claims, TokenKey
 from podsnap.operator import main as operator_main
 from podsnap.operator.config import OperatorConfig
 from tests.conftest import REPO, require_tool
@@ -245,9 +246,11 @@ def test_every_operator_variable_changes_what_the_operator_process_does(env: Env
     )
     environ = container_env(docs, "Deployment", "operator")
     assert set(environ) == set(c.chart_env(c.COMPONENT_OPERATOR))
-    # the one path that must exist on this machine: the certificate, which the chart mounts from a Secret
+    # the paths that must exist on this machine: the certificate and the token key (Secrets in the chart)
     cert_dir, client = webhook_tls(tmp_path)
     environ[c.ENV_WEBHOOK_CERT_DIR] = str(cert_dir)
+    key = token_key_dir(tmp_path)
+    environ[c.ENV_TOKEN_KEY_DIR] = str(key)
     seen: set[str] = set()
 
     env.operator.stop()  # one operator at a time reconciles the namespace
@@ -275,6 +278,10 @@ def test_every_operator_variable_changes_what_the_operator_process_does(env: Env
             profile = job.spec.template.spec.security_context.seccomp_profile
             assert (profile.type, profile.localhost_profile) == ("Localhost", "custom/profile.json")
             seen.add(c.ENV_SECCOMP_PROFILE)
+            # its capture pods are marked with the key found in the token key dir
+            token = job.spec.template.metadata.annotations[c.ANNOTATION_CAPTURE_TOKEN]
+            assert TokenKey.load(key).verify(token).subject == "cfg"
+            seen.add(c.ENV_TOKEN_KEY_DIR)
         out = output_of(proc)
         assert " DEBUG " in out, out[-2000:]
         seen.add(c.ENV_LOG_LEVEL)
@@ -297,6 +304,8 @@ def test_every_agent_variable_changes_what_the_agent_process_does(env: Env, tmp_
     artifacts = tmp_path / "artifacts"
     environ[c.ENV_ARTIFACT_ROOT] = str(artifacts)
     environ[c.ENV_CGROUP_ROOT] = str(AgentConfig(node_name="x").cgroup_root)
+    key = token_key_dir(tmp_path)
+    environ[c.ENV_TOKEN_KEY_DIR] = str(key)
     seen: set[str] = set()
     content = _content(node)
     with process(c.COMPONENT_AGENT, environ, env.agent_kubeconfig) as proc:
@@ -320,6 +329,27 @@ def test_every_agent_variable_changes_what_the_agent_process_does(env: Env, tmp_
         finally:
             _delete_content(env, content["metadata"]["name"])
         seen.add(c.ENV_NODE_NAME)
+        # it captures only pods marked with the key in its token key dir: a pod marked with another key is
+        # refused, one marked with this key passes on to the next check (its container is not running here)
+        for name, marker, verdict in (
+            ("other-key", TokenKey(b"x" * 32), c.REASON_NOT_A_CAPTURE_SOURCE),
+            ("this-key", TokenKey.load(key), c.REASON_CONTAINER_NOT_FOUND),
+        ):
+            marked = _content(node, name)
+            _marked_pod(env, node, name, marker.mint(Claims(CAPTURE, "default", "main", name)))
+            env.cluster.create(c.PLURAL_POD_SNAPSHOT_CONTENTS, marked)
+            try:
+                got = wait_for(
+                    lambda marked=marked: _failed_reason(
+                        env.cluster.get(c.PLURAL_POD_SNAPSHOT_CONTENTS, marked["metadata"]["name"])
+                    ),
+                    what=f"the agent's verdict on {name}",
+                )
+                assert got == verdict, (name, got)
+            finally:
+                _delete_content(env, marked["metadata"]["name"])
+                env.cluster.kube.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+        seen.add(c.ENV_TOKEN_KEY_DIR)
     out = output_of(proc)
     assert " DEBUG " in out, out[-2000:]
     seen.add(c.ENV_LOG_LEVEL)
@@ -333,14 +363,34 @@ def _snapshot_job(name: str) -> dict[str, Any]:
     return {"kind": c.KIND_SNAPSHOT_JOB, "metadata": {"name": name}, "spec": {"podTemplate": template}}
 
 
-def _content(node: str) -> dict[str, Any]:
-    name = f"{c.CONTENT_NAME_PREFIX}config-test"
+def token_key_dir(tmp_path: Path) -> Path:
+    key = tmp_path / "token-key"
+    key.mkdir()
+    (key / KEY_FILE).write_bytes(os.urandom(16).hex().encode())
+    return key
+
+
+def _marked_pod(env: Env, node: str, name: str, token: str) -> None:
+    """A pod in `default` on `node`, Ready, whose container runs nowhere on this machine."""
+    env.cluster.kube.core.create_namespaced_pod(
+        "default",
+        {
+            "metadata": {"name": name, "annotations": {c.ANNOTATION_CAPTURE_TOKEN: token}},
+            "spec": {"containers": [{"name": "main", "image": "worker:1"}]},
+        },
+    )
+    env.cluster.kubelet_bind("default", name, node)
+    env.cluster.kubelet_run("default", name, ready=True)
+
+
+def _content(node: str, pod: str = "no-such-pod") -> dict[str, Any]:
+    name = f"{c.CONTENT_NAME_PREFIX}config-test" + ("" if pod == "no-such-pod" else f"-{pod}")
     return {
         "kind": c.KIND_POD_SNAPSHOT_CONTENT,
         "metadata": {"name": name, "labels": {c.LABEL_SNAPSHOT_NODE: node}},
         "spec": {
             "podSnapshotRef": {"namespace": "default", "name": "config-test", "uid": "0"},
-            "source": {"podRef": {"namespace": "default", "name": "no-such-pod", "containers": ["main"]}},
+            "source": {"podRef": {"namespace": "default", "name": pod, "containers": ["main"]}},
             "nodeName": node,
             "artifactPath": "default/config-test",
             "deletionPolicy": c.DELETION_POLICY_RETAIN,

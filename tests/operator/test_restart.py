@@ -79,6 +79,7 @@ def test_operator_sigkilled_mid_flow_converges_without_duplicates(env: Env, ns: 
         webhook = {
             c.ENV_WEBHOOK_PORT: str(env.webhook_port),
             c.ENV_WEBHOOK_CERT_DIR: str(env.operator_ctx.config.webhook_cert_dir),
+            c.ENV_TOKEN_KEY_DIR: str(env.operator_ctx.config.token_key_dir),
         }
         environ = {**os.environ, **webhook, c.ENV_METRICS_PORT: "0", c.ENV_HEALTH_PORT: "0"}
         exe = Path(sys.executable).parent / "podsnap-operator"

@@ -18,6 +18,7 @@ from tests.support.operator_env import (
     golden,
     kubelet_runs_restore_pod,
     podsnapshot,
+    restore_token,
     running_pod,
 )
 from tests.support.waiting import wait_for
@@ -41,7 +42,9 @@ def restore_pod(env: Env, ns: str, name: str, snapshot: str, control: Path) -> d
             ]
         },
     }
-    created = env.cluster.kube.core.create_namespaced_pod(ns, shape(pod, snapshot=snapshot, container="main"))
+    shaped = shape(pod, snapshot=snapshot, container="main")
+    shaped["metadata"]["annotations"][c.ANNOTATION_RESTORE_TOKEN] = restore_token(env, ns, snapshot)
+    created = env.cluster.kube.core.create_namespaced_pod(ns, shaped)
     obj = env.cluster.kube.sanitize(created)
     kubelet_runs_restore_pod(env, ns, obj, control)
     return obj

@@ -62,7 +62,8 @@ def test_webhook_outage_means_a_cold_start_not_a_blocked_rollout(env: Env, ns: s
 
 
 def test_incompatible_restore_and_skip_annotation(env: Env, ns: str, tmp_path: Path) -> None:
-    """A refused gate ends in RestoreIncompatible naming the gate; skip-compat-check is passed to the executor."""
+    """A refused gate ends in RestoreIncompatible naming the gate; the pod author's skip-compat-check is not
+    honoured (only a SnapshotPolicy's skipCompatCheck is, through the restore token: tests/operator/test_tokens.py)."""
     golden(env, ns)
     control = tmp_path / "ctl"
     control.mkdir()
@@ -87,5 +88,6 @@ def test_incompatible_restore_and_skip_annotation(env: Env, ns: str, tmp_path: P
     )
     cond = next(x for x in got["status"]["conditions"] if x["type"] == c.POD_CONDITION_RESTORED)
     assert "gpu-model" in cond["message"]
-    assert env.executor.of("restore", name, ns)[0].request.skip_compat is True
+    assert env.executor.of("restore", name, ns)[0].request.skip_compat is False
+    assert got["metadata"]["annotations"][c.ANNOTATION_SKIP_COMPAT_CHECK] == "false", "the webhook says what applies"
     assert not (control / c.FILE_RESTORE_COMPLETE).exists()

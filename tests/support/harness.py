@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import os
 import signal
 import socket
@@ -142,6 +143,13 @@ def cgroups_writable() -> str | None:
     return None
 
 
+def image_id(image: str) -> str:
+    """What containerd reports as a container's imageID: the repository and the digest the tag resolved to
+    (here a digest derived from the reference, so one image reference always resolves the same)."""
+    repo = image.rsplit(":", 1)[0] if ":" in image.rsplit("/", 1)[-1] else image
+    return f"docker.io/library/{repo}@sha256:{hashlib.sha256(image.encode()).hexdigest()}"
+
+
 def new_container_id() -> str:
     return uuid.uuid4().hex + uuid.uuid4().hex
 
@@ -215,7 +223,7 @@ class Cluster:
             {
                 "name": ct["name"],
                 "image": ct.get("image", "img"),
-                "imageID": "",
+                "imageID": image_id(ct.get("image", "img")),
                 "ready": ready and running,
                 "restartCount": 0,
                 "containerID": f"containerd://{ids.get(ct['name'], new_container_id())}",

@@ -5,6 +5,7 @@ the tests (tests/support/harness.py), and the objects and steps the operator tes
 from __future__ import annotations
 
 import base64
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from podsnap.agent import main as agent_main
 from podsnap.agent.config import AgentConfig
 from podsnap.agent.runtime import AgentContext
 from podsnap.kube.client import Credentials, Kube
+from podsnap.kube.tokens import CAPTURE, KEY_FILE, RESTORE, Claims
 from podsnap.operator import main as operator_main
 from podsnap.operator.config import OperatorConfig
 from podsnap.operator.runtime import OperatorContext
@@ -115,8 +117,13 @@ def start_env(cp: ControlPlane, tmp: Path) -> Env:
                 assert hook["failurePolicy"] == "Ignore"
     _apply(cp, webhooks)
 
+    # the key of podsnap's pod tokens, shared by the operator and the agent as the chart's Secret is
+    token_key_dir = tmp / "token-key"
+    token_key_dir.mkdir()
+    (token_key_dir / KEY_FILE).write_bytes(secrets.token_hex(32).encode())
     op_config = OperatorConfig(
         kubeconfig=str(op_kc),
+        token_key_dir=token_key_dir,
         seccomp_profile="podsnap/checkpoint.json",
         webhook_port=port,
         webhook_host="127.0.0.1",
@@ -128,7 +135,12 @@ def start_env(cp: ControlPlane, tmp: Path) -> Env:
     artifact_root = tmp / "artifacts"
     executor = RecordingExecutor()
     agent_config = AgentConfig(
-        node_name=NODE, kubeconfig=str(agent_kc), artifact_root=artifact_root, metrics_port=0, health_port=0
+        node_name=NODE,
+        kubeconfig=str(agent_kc),
+        artifact_root=artifact_root,
+        token_key_dir=token_key_dir,
+        metrics_port=0,
+        health_port=0,
     )
     operator = KopfThread(
         "operator", operator_main.run, operator_main.build_context(op_config), listens_on=port
@@ -174,10 +186,30 @@ def kubelet_starts_capture_pod(env: Env, ns: str, job: str, *, ready: bool = Tru
     return pod, proc
 
 
-def running_pod(env: Env, ns: str, name: str, node: str = NODE, *, ready: bool = True) -> tuple[dict[str, Any], Any]:
-    """A plain pod the kubelet (played here) has started on `node`; returns (pod, its container process)."""
+def capture_token(env: Env, ns: str, container: str = "main", job: str = "test") -> str:
+    """What the operator puts on a SnapshotJob's pod template: the mark of a capture source."""
+    return env.operator_ctx.tokens.mint(Claims(CAPTURE, ns, container, job))
+
+
+def restore_token(env: Env, ns: str, snapshot: str, container: str = "main", *, skip_compat: bool = False) -> str:
+    """What the webhook puts on a pod it shapes for restore."""
+    return env.operator_ctx.tokens.mint(Claims(RESTORE, ns, container, snapshot, skip_compat))
+
+
+def running_pod(
+    env: Env, ns: str, name: str, node: str = NODE, *, ready: bool = True, token: str | None = "mint"
+) -> tuple[dict[str, Any], Any]:
+    """A pod the kubelet (played here) has started on `node`; returns (pod, its container process). It carries a
+    valid capture token (as a SnapshotJob's pod does) unless `token` is None or another value."""
+    annotations = (
+        {} if token is None else {c.ANNOTATION_CAPTURE_TOKEN: capture_token(env, ns) if token == "mint" else token}
+    )
     env.cluster.kube.core.create_namespaced_pod(
-        ns, {"metadata": {"name": name}, "spec": {"containers": [{"name": "main", "image": "worker:1"}]}}
+        ns,
+        {
+            "metadata": {"name": name, "annotations": annotations},
+            "spec": {"containers": [{"name": "main", "image": "worker:1"}]},
+        },
     )
     env.cluster.kubelet_bind(ns, name, node)
     proc = env.cluster.kubelet_container()

@@ -95,6 +95,10 @@ The base name of every object, cut to 45 characters so that the longest suffix t
 {{- printf "%s-webhook" (include "podsnap.fullname" .) }}
 {{- end }}
 
+{{- define "podsnap.tokenKey.secretName" -}}
+{{- printf "%s-token-key" (include "podsnap.fullname" .) }}
+{{- end }}
+
 {{- define "podsnap.webhook.secretName" -}}
 {{- printf "%s-webhook-tls" (include "podsnap.fullname" .) }}
 {{- end }}

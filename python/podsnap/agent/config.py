@@ -19,6 +19,8 @@ class AgentConfig:
     proc_root: Path = Path("/proc")
     #: the host's cgroup filesystem (in a container its own /sys/fs/cgroup shows only the container's)
     cgroup_root: Path = Path("/sys/fs/cgroup")
+    #: holds `key`, which verifies the capture and restore tokens of podsnap's pods (shared with the operator)
+    token_key_dir: Path = Path(c.TOKEN_KEY_DIR_DEFAULT)
     metrics_port: int = 8080
     health_port: int = 8081
     log_level: str = "info"
@@ -35,6 +37,7 @@ class AgentConfig:
             kubeconfig=env_str("KUBECONFIG", "", environ) or None,
             artifact_root=env_path(c.ENV_ARTIFACT_ROOT, c.ARTIFACT_ROOT_DEFAULT, environ),
             cgroup_root=env_path(c.ENV_CGROUP_ROOT, "/sys/fs/cgroup", environ),
+            token_key_dir=env_path(c.ENV_TOKEN_KEY_DIR, c.TOKEN_KEY_DIR_DEFAULT, environ),
             metrics_port=env_port(c.ENV_METRICS_PORT, 8080, environ),
             health_port=env_port(c.ENV_HEALTH_PORT, 8081, environ),
             log_level=log_level(c.ENV_LOG_LEVEL, "info", environ),

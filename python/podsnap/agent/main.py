@@ -13,6 +13,7 @@ from podsnap.agent.metrics import AgentMetrics
 from podsnap.agent.runtime import AgentContext
 from podsnap.kube import entrypoint
 from podsnap.kube.client import Credentials, Kube
+from podsnap.kube.tokens import TokenKey
 
 
 def build_context(config: AgentConfig, executor: Executor | None = None) -> AgentContext:
@@ -28,6 +29,7 @@ def build_context(config: AgentConfig, executor: Executor | None = None) -> Agen
         kube=Kube(credentials.api_client()),
         executor=executor,
         metrics=AgentMetrics(),
+        tokens=TokenKey.load(config.token_key_dir),
     )
 
 

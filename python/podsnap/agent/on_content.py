@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 import kopf
 
 from podsnap import contract as c
+from podsnap.agent.authz import capture_source
 from podsnap.agent.containers import ContainerNotRunning, find_processes
 from podsnap.agent.executor import CaptureRequest, ExecutionError, PodRef
 from podsnap.agent.runtime import AgentContext, ctx_of, registry
@@ -142,6 +143,8 @@ def _request(ctx: AgentContext, name: str, spec: Mapping[str, Any]) -> CaptureRe
         raise ExecutionError(
             f"pod runs on {pod['spec'].get('nodeName')}, not on {ctx.config.node_name}", reason=c.REASON_POD_NOT_FOUND
         )
+    # only a pod the operator made a capture source (a SnapshotJob's), for this namespace and container
+    capture_source(ctx.tokens, pod, container)
     if not pod_ready(pod):
         raise kopf.TemporaryError("the source pod is not Ready (no ready-for-snapshot yet)", delay=1)
     statuses = {s["name"]: s for s in (pod.get("status") or {}).get("containerStatuses") or []}

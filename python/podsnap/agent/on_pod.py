@@ -18,6 +18,7 @@ import kopf
 
 from podsnap import contract as c
 from podsnap.agent import control
+from podsnap.agent.authz import Refused, restore_target
 from podsnap.agent.containers import ContainerNotRunning, environ_of, find_processes, ns_pid
 from podsnap.agent.executor import ExecutionError, IncompatibleError, PodRef, RestoreRequest
 from podsnap.agent.on_content import artifact_dir
@@ -36,6 +37,7 @@ TERMINAL_REASONS = (
     c.REASON_RESTORE_FAILED,
     c.REASON_RESTORE_INCOMPATIBLE,
     c.REASON_ALREADY_COLD,
+    c.REASON_RESTORE_REFUSED,
 )
 #: env the new pod's identity is published under in restore-context.json
 IDENTITY_KEYS = ("POD_NAME", "POD_NAMESPACE", "POD_UID", "POD_IP", "NODE_NAME", "HOSTNAME")
@@ -194,6 +196,10 @@ def restore(
     started = time.monotonic()
     ctl: ControlDir | None = None
     try:
+        # only a pod podsnap's webhook shaped, for this namespace, snapshot and container, before anything
+        # touches it; whether the soft gates are skipped is the token's word (the policy's), never the
+        # pod author's annotation
+        claims = restore_target(ctx.tokens, pod, snapshot=snapshot, container=container)
         spec_container = container_of(pod, container)
         if spec_container is None:
             raise ExecutionError(f"container {container!r} is not in the pod", reason=c.REASON_RESTORE_FAILED)
@@ -213,7 +219,7 @@ def restore(
             placeholder_root_pid=procs.root,
             artifact_dir=artifact.path,
             expected_digest=artifact.digest,
-            skip_compat=c.is_truthy((meta.get("annotations") or {}).get(c.ANNOTATION_SKIP_COMPAT_CHECK)),
+            skip_compat=claims.skip_compat,
             node=ctx.config.node_name,
         )
         result = ctx.executor.restore(request)
@@ -221,6 +227,10 @@ def restore(
         # the placeholder watches this PID: the pod stands or falls with the restored worker
         ctl.write_file(c.FILE_WORKER_PID, f"{ns_pid(worker, ctx.config.proc_root)}\n".encode())
         control.signal_restored(ctl, restore_context_env(pod, container_env, ctx.config.node_name))
+    except Refused as exc:
+        # nothing is written into a pod podsnap did not shape (its placeholder, if any, times out cold)
+        _fail(ctx, pod, exc.reason, str(exc), None)
+        return
     except IncompatibleError as exc:
         _fail(ctx, pod, c.REASON_RESTORE_INCOMPATIBLE, f"gate {exc.gate}: {exc}", ctl)
         return

@@ -13,6 +13,7 @@ from podsnap.agent.executor import Executor
 from podsnap.agent.metrics import AgentMetrics
 from podsnap.kube.client import Credentials, Kube
 from podsnap.kube.entrypoint import context_of
+from podsnap.kube.tokens import TokenKey
 
 registry = kopf.OperatorRegistry()
 ENTRYPOINT = "podsnap.agent.main"
@@ -25,6 +26,8 @@ class AgentContext:
     kube: Kube
     executor: Executor
     metrics: AgentMetrics
+    #: verifies that a pod is one podsnap made (capture source or shaped restore pod) before acting on it
+    tokens: TokenKey
     #: pod UIDs whose restore runs now (pod events arrive while a restore is in flight)
     restoring: set[str] = field(default_factory=set)
     #: pod UIDs this process has started restoring: a later event still showing RestoreInProgress is stale

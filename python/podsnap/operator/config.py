@@ -26,6 +26,8 @@ class OperatorConfig:
     webhook_cert_dir: Path = Path(c.WEBHOOK_CERT_DIR_DEFAULT)
     #: how often the webhook's certificate files are checked for a renewal (reloaded in place when changed)
     webhook_cert_check_s: float = 10.0
+    #: holds `key`, which signs the capture and restore tokens of podsnap's pods (shared with the agents)
+    token_key_dir: Path = Path(c.TOKEN_KEY_DIR_DEFAULT)
     metrics_port: int = 8080
     #: /healthz for the kubelet's probes (0: off)
     health_port: int = 8081
@@ -48,6 +50,7 @@ class OperatorConfig:
             webhook_port=env_port(c.ENV_WEBHOOK_PORT, 9443, environ),
             webhook_path=env_str(c.ENV_WEBHOOK_PATH, f"/{WEBHOOK_PATH_ID}", environ),
             webhook_cert_dir=env_path(c.ENV_WEBHOOK_CERT_DIR, c.WEBHOOK_CERT_DIR_DEFAULT, environ),
+            token_key_dir=env_path(c.ENV_TOKEN_KEY_DIR, c.TOKEN_KEY_DIR_DEFAULT, environ),
             metrics_port=env_port(c.ENV_METRICS_PORT, 8080, environ),
             health_port=env_port(c.ENV_HEALTH_PORT, 8081, environ),
             log_level=log_level(c.ENV_LOG_LEVEL, "info", environ),

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from podsnap.kube import entrypoint
 from podsnap.kube.client import Credentials, Kube
+from podsnap.kube.tokens import TokenKey
 from podsnap.operator.config import OperatorConfig
 from podsnap.operator.handlers import registry
 from podsnap.operator.metrics import OperatorMetrics
@@ -16,7 +17,11 @@ from podsnap.operator.runtime import OperatorContext
 def build_context(config: OperatorConfig) -> OperatorContext:
     credentials = Credentials.load(config.kubeconfig)
     return OperatorContext(
-        config=config, credentials=credentials, kube=Kube(credentials.api_client()), metrics=OperatorMetrics()
+        config=config,
+        credentials=credentials,
+        kube=Kube(credentials.api_client()),
+        metrics=OperatorMetrics(),
+        tokens=TokenKey.load(config.token_key_dir),
     )
 
 

@@ -13,6 +13,7 @@ import kopf
 
 from podsnap import contract as c
 from podsnap.kube.client import Kube, get_or_none
+from podsnap.kube.tokens import RESTORE, Claims
 from podsnap.operator.config import WEBHOOK_PATH_ID
 from podsnap.operator.policy import template_hash
 from podsnap.operator.restore_pod import NotShapeable, shape
@@ -74,6 +75,10 @@ class Plan:
     action: str
     snapshot: str = ""
     container: str = ""
+    #: the namespace of the workload (and so of the pod and its token)
+    namespace: str = ""
+    #: the policy's skipCompatCheck, carried in the restore token (the pod's own annotation counts for nothing)
+    skip_compat: bool = False
 
 
 def restore_plan(ctx: OperatorContext, pod: Mapping[str, Any], namespace: str | None) -> Plan | None:
@@ -98,7 +103,9 @@ def restore_plan(ctx: OperatorContext, pod: Mapping[str, Any], namespace: str | 
             owner.kind, owner.name, policy["metadata"]["name"], status.get("ready"), status.get("templateHash"), pod_hash,
         )  # fmt: skip
         if status.get("ready") and status.get("checkpointName") and current:
-            return Plan("restore", status["checkpointName"], spec.get("targetContainerName") or "main")
+            container = spec.get("targetContainerName") or "main"
+            skip = spec.get("skipCompatCheck") is True
+            return Plan("restore", status["checkpointName"], container, namespace, skip)
         if spec.get("startupPolicy") == c.STARTUP_POLICY_WAIT:
             return Plan("wait")
         ctx.metrics.pods_cold.labels("TemplateChanged" if status.get("ready") else "CheckpointNotReady").inc()
@@ -139,6 +146,10 @@ def mutate_pod(
         ctx.metrics.pods_cold.labels("NotShapeable").inc()
         return
     meta = shaped["metadata"]
+    claims = Claims(RESTORE, plan.namespace, container, snapshot, plan.skip_compat)
+    meta["annotations"][c.ANNOTATION_RESTORE_TOKEN] = ctx.tokens.mint(claims)
+    if plan.skip_compat or c.ANNOTATION_SKIP_COMPAT_CHECK in meta["annotations"]:
+        meta["annotations"][c.ANNOTATION_SKIP_COMPAT_CHECK] = str(plan.skip_compat).lower()
     patch.metadata["annotations"] = meta["annotations"]
     patch.metadata["labels"] = meta["labels"]
     for key in ("containers", "volumes", "shareProcessNamespace"):

@@ -16,6 +16,7 @@ from podsnap.kube.client import get_or_none, require_ns
 from podsnap.kube.conditions import Condition
 from podsnap.kube.events import event
 from podsnap.kube.reporter import kopf_patch, report
+from podsnap.kube.tokens import InvalidToken, capture_claims, not_a_capture_source
 from podsnap.operator.runtime import OperatorContext, ctx_of, registry
 
 SNAPSHOTS = (c.GROUP, c.VERSION, c.PLURAL_POD_SNAPSHOTS)
@@ -115,6 +116,10 @@ def podsnapshot_bind(
     names = [ct["name"] for ct in pod["spec"]["containers"]]
     if containers[0] not in names:
         _fail(ctx, body, patch, c.REASON_CONTAINER_NOT_FOUND, f"container {containers[0]!r} not in pod ({names})")
+    try:
+        capture_claims(ctx.tokens, pod, containers[0])
+    except InvalidToken as exc:
+        _fail(ctx, body, patch, c.REASON_NOT_A_CAPTURE_SOURCE, not_a_capture_source(namespace, ref["name"], exc))
     if not pod["spec"].get("nodeName"):
         raise kopf.TemporaryError(f"source pod {ref['name']} is not scheduled yet", delay=2)
     content, created = ctx.kube.create_cr(

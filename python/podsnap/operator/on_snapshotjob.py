@@ -15,6 +15,7 @@ from podsnap.kube.client import Kube, get_or_none, require_ns
 from podsnap.kube.conditions import Condition, now_rfc3339, parse_time
 from podsnap.kube.events import event
 from podsnap.kube.reporter import kopf_patch, report
+from podsnap.kube.tokens import CAPTURE, Claims
 from podsnap.operator.capture_job import InvalidSpec, build_job, decide, is_terminal, parse_spec
 from podsnap.operator.runtime import OperatorContext, ctx_of, registry
 
@@ -67,6 +68,9 @@ def snapshotjob_start(
         seccomp_profile=ctx.config.seccomp_profile,
         extra_labels=extra,
     )
+    # the mark that lets the agent capture this Job's pod, and no pod a namespace user made
+    token = ctx.tokens.mint(Claims(CAPTURE, namespace, capture.target_container, name))
+    job["spec"]["template"]["metadata"]["annotations"][c.ANNOTATION_CAPTURE_TOKEN] = token
     try:
         ctx.kube.batch.create_namespaced_job(namespace, job)
         event(body, type_="Normal", reason="JobCreated", message=f"created capture Job {job['metadata']['name']}")

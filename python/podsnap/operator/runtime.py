@@ -9,6 +9,7 @@ import kopf
 
 from podsnap.kube.client import Credentials, Kube
 from podsnap.kube.entrypoint import context_of
+from podsnap.kube.tokens import TokenKey
 from podsnap.operator.config import OperatorConfig
 from podsnap.operator.metrics import OperatorMetrics
 
@@ -23,6 +24,8 @@ class OperatorContext:
     credentials: Credentials
     kube: Kube
     metrics: OperatorMetrics
+    #: signs the tokens of the pods podsnap makes (capture Jobs, restore pods) and verifies capture tokens
+    tokens: TokenKey
     server_minor: int = 0
 
     @property
