@@ -15,7 +15,7 @@ import yaml
 
 from podsnap import contract as c
 from tests.support.harness import cgroups_writable, cond_is
-from tests.support.operator_env import NODE, Env
+from tests.support.operator_env import NODE, Env, capture_token, restore_token
 from tests.support.recording import CAPTURE_TIMINGS_MS, RESTORE_TIMINGS_MS
 from tests.support.waiting import wait_for
 
@@ -58,7 +58,9 @@ def container(control: Path) -> dict[str, Any]:
 def test_capture_and_restore_timings_land_on_the_objects_and_in_status(env: Env, ns: str, tmp_path: Path) -> None:
     control = tmp_path / "control"
     control.mkdir()
-    run_pod(env, ns, "source", {"metadata": {"name": "source"}, "spec": {"containers": [container(control)]}}, control)
+    # a capture source as a SnapshotJob's pod is: marked with the operator's capture token
+    source = {"name": "source", "annotations": {c.ANNOTATION_CAPTURE_TOKEN: capture_token(env, ns)}}
+    run_pod(env, ns, "source", {"metadata": source, "spec": {"containers": [container(control)]}}, control)
     env.cluster.create(
         c.PLURAL_POD_SNAPSHOTS,
         {
@@ -88,7 +90,11 @@ def test_capture_and_restore_timings_land_on_the_objects_and_in_status(env: Env,
         "metadata": {
             "name": "replica",
             "labels": {c.LABEL_RESTORE: "true"},
-            "annotations": {c.ANNOTATION_RESTORE_FROM: "snap", c.ANNOTATION_RESTORE_CONTAINER: "main"},
+            "annotations": {
+                c.ANNOTATION_RESTORE_FROM: "snap",
+                c.ANNOTATION_RESTORE_CONTAINER: "main",
+                c.ANNOTATION_RESTORE_TOKEN: restore_token(env, ns, "snap"),
+            },
         },
         "spec": {"shareProcessNamespace": True, "containers": [{**container(control), "command": ["sleep", "inf"]}]},
     }
