@@ -6,6 +6,7 @@ worker's host memory). For each mode, ROUNDS times: capture it, restore it, chec
   fast      the region goes to a raw bulk file (schema 2), its mapping advised MADV_HUGEPAGE
   fast-4k   the same without the huge-page advice (`bulk_hugepages=False`)
   verified  `fast`, restored with `verified_digests` (a node-local copy checked when cached: no hashing)
+  verified-4k  `fast-4k`, restored with `verified_digests`
 Modes run interleaved, round by round, so a change in the machine's load hits all of them alike.
 Prints the median of each phase and the CPU seconds the restore used (ours, CRIU's, and the restored
 task's, inside which CRIU's restorer copies the pages: on a busy machine wall times follow the load,
@@ -107,6 +108,7 @@ MODES: dict[str, tuple[CaptureOptions, bool]] = {
     "fast": (CaptureOptions(), False),
     "fast-4k": (CaptureOptions(bulk_hugepages=False), False),
     "verified": (CaptureOptions(), True),
+    "verified-4k": (CaptureOptions(bulk_hugepages=False), True),
 }
 
 
