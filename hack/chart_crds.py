@@ -319,7 +319,24 @@ SNAPSHOT_POLICY_STATUS: Schema = obj(
         "checkpointName": {"type": "string", "description": "The PodSnapshot new pods restore from."},
         "ready": {"type": "boolean", "description": "True once the checkpoint is Ready."},
         "templateHash": {"type": "string", "description": "Hash of the pod template the checkpoint was taken from."},
-        "snapshotJobName": {"type": "string"},
+        "snapshotJobName": {"type": "string", "description": "The SnapshotJob of the current capture attempt."},
+        "captureAttempt": {
+            "type": "integer",
+            "minimum": 1,
+            "description": "The capture attempt for the current template (a failed capture or a lost artifact "
+            "is retried with a growing delay).",
+        },
+        "nextCaptureAt": {
+            "type": "string",
+            "format": "date-time",
+            "description": "When attempt captureAttempt starts, while a retry waits.",
+        },
+        "lastFailure": {"type": "string", "description": "Why the last capture attempt failed, in one line."},
+        "holding": {
+            "type": "boolean",
+            "description": "WaitForCheckpoint is holding new pods (nothing serves yet and the checkpoint is "
+            "not Ready); the pod webhook gates them.",
+        },
         "observedGeneration": {"type": "integer", "format": "int64"},
         "conditions": CONDITIONS,
     }

@@ -259,3 +259,5 @@ ANNOTATION_RESTORE_TOKEN: Final = f"{GROUP}/restore-token"
 REASON_NOT_A_CAPTURE_SOURCE: Final = "NotACaptureSource"
 #: a restore pod that podsnap did not shape (no valid restore token); terminal, like RestoreIncompatible
 REASON_RESTORE_REFUSED: Final = "RestoreRefused"
+#: a Ready snapshot whose artifact went missing or failed verification: it is Failed from then on
+REASON_ARTIFACT_LOST: Final = "ArtifactLost"

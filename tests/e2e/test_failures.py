@@ -92,6 +92,24 @@ def test_a_corrupt_artifact_fails_the_restore_and_the_pod_never_serves(
         w in cond.message.lower() for w in ("digest", "sha256", "corrupt", "tamper", "mismatch")
     ), f"RestoreFailed does not say the artifact is corrupt: {cond.message}"
     _assert_serves_cold(cluster, podsnap, namespace, pod, run.source_init_ids)
+    # no later pod may restore from it: the snapshot is Failed/ArtifactLost, and the policy captures again
+    name = run.snapshot["metadata"]["name"]
+
+    def lost() -> dict | Pending:
+        snap = cluster.get_custom(contract.PLURAL_POD_SNAPSHOTS, name, namespace) or {}
+        failed = condition(snap, contract.COND_FAILED)
+        ok = failed and failed["status"] == "True" and failed["reason"] == contract.REASON_ARTIFACT_LOST
+        return snap if ok else Pending(str(snap.get("status")))
+
+    wait_until(lost, timeout=podsnap.timeout_s, what=f"PodSnapshot {name} Failed/ArtifactLost")
+
+    def recaptured() -> dict | Pending:
+        status = (policy(cluster, namespace, APP) or {}).get("status") or {}
+        done = status.get("ready") is True and status.get("checkpointName") not in (None, name)
+        return status if done else Pending(str(status))
+
+    status = wait_until(recaptured, timeout=3 * podsnap.timeout_s, what=f"policy {APP} Ready on a new capture")
+    assert status["captureAttempt"] == 2, status
 
 
 def test_a_snapshot_from_an_incompatible_node_is_refused_with_restore_incompatible(

@@ -42,7 +42,7 @@ MATRIX = [
     ("patch", "pods", False, True),
     ("patch", "pods/status", False, True),
     ("create", "pods", False, False),
-    ("delete", "pods", False, False),
+    ("delete", "pods", True, False),
     ("create", "pods/exec", False, False),
     ("get", "deployments.apps", True, False),
     ("patch", "deployments.apps", True, False),

@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 
 from podsnap import contract as c
+from podsnap.agent.executor import ExecutionError
+from podsnap.kube.conditions import MESSAGE_MAX
 from podsnap.operator.restore_pod import shape
 from tests.support.harness import cgroups_writable, cond_is, condition
 from tests.support.operator_env import (
@@ -143,3 +145,34 @@ def test_a_manifest_changed_after_its_capture_fails_the_restore(env: Env, ns: st
     restore_pod(env, ns, "r", "golden", tmp_path / "ctl")
     verdict = restored(env, ns, "r")
     assert verdict["reason"] == c.REASON_RESTORE_FAILED and "changed after its capture" in verdict["message"]
+
+
+def test_failure_messages_are_one_line_that_says_where_the_log_is(env: Env, ns: str, tmp_path: Path) -> None:
+    """Condition messages and Events carry the cause and where to look, never CRIU's log itself."""
+    golden(env, ns)
+    tail = "\n".join(f"(00.{i:06d}) Error (criu/cr-restore.c:{i}): something went wrong" for i in range(40))
+    log = "/var/lib/podsnap/artifacts/.logs/node-a/podsnap-restore-x/restore.log"
+    env.executor.fail_restore["r"] = ExecutionError(
+        f"restore failed during criu_restore: criu restore exited with 1: {'no memory ' * 60}(full log: {log})\n"
+        f"--- CRIU log (tail) ---\n{tail}",
+        reason=c.REASON_RESTORE_FAILED,
+    )
+    try:
+        restore_pod(env, ns, "r", "golden", tmp_path / "ctl")
+        verdict = restored(env, ns, "r")
+    finally:
+        env.executor.fail_restore.pop("r", None)
+    message = verdict["message"]
+    assert verdict["reason"] == c.REASON_RESTORE_FAILED
+    assert "\n" not in message and len(message) <= MESSAGE_MAX, message
+    assert message.startswith("restore failed during criu_restore") and message.endswith(f"(full log: {log})")
+    events = wait_for(
+        lambda: [
+            e for e in env.cluster.kube.core.list_namespaced_event(ns).items if e.reason == c.REASON_RESTORE_FAILED
+        ],
+        what="a RestoreFailed Event",
+    )
+    assert "\n" not in events[0].message and f"(full log: {log})" in events[0].message
+    # the placeholder was told, in one line too
+    told = (tmp_path / "ctl" / c.FILE_RESTORE_FAILED).read_text()
+    assert told.count("\n") == 1 and told.startswith(f"{c.REASON_RESTORE_FAILED}: restore failed")

@@ -31,6 +31,9 @@ NODE = "node-a"
 OTHER_NODE = "node-b"
 OPERATOR_SA = "podsnap-operator"
 AGENT_SA = "podsnap-agent"
+#: short, so that tests see a failed capture retried and a lost artifact noticed within their waits
+RETRY_BASE_S = 3.0
+VERIFY_INTERVAL_S = 1.0
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 
@@ -131,6 +134,7 @@ def start_env(cp: ControlPlane, tmp: Path) -> Env:
         webhook_cert_check_s=0.5,  # a renewal test waits for the reload
         metrics_port=0,
         health_port=0,
+        capture_retry_base_s=RETRY_BASE_S,
     )
     artifact_root = tmp / "artifacts"
     executor = RecordingExecutor()
@@ -141,6 +145,7 @@ def start_env(cp: ControlPlane, tmp: Path) -> Env:
         token_key_dir=token_key_dir,
         metrics_port=0,
         health_port=0,
+        verify_interval_s=VERIFY_INTERVAL_S,
     )
     operator = KopfThread(
         "operator", operator_main.run, operator_main.build_context(op_config), listens_on=port

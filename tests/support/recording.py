@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from podsnap.agent.executor import (
+    ArtifactUnusable,
     CaptureRequest,
     CaptureResult,
     ExecutionError,
@@ -41,6 +42,8 @@ class RecordingExecutor:
     #: pod name -> exception the next capture/restore of that pod raises
     fail_capture: dict[str, ExecutionError] = field(default_factory=dict)
     fail_restore: dict[str, ExecutionError] = field(default_factory=dict)
+    #: namespace -> exception every capture of a pod there raises (pod names a Job picks are not known ahead)
+    fail_capture_in: dict[str, ExecutionError] = field(default_factory=dict)
     capture_delay_s: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -66,6 +69,8 @@ class RecordingExecutor:
             time.sleep(self.capture_delay_s)
         if request.pod.name in self.fail_capture:
             raise self.fail_capture[request.pod.name]
+        if request.pod.namespace in self.fail_capture_in:
+            raise self.fail_capture_in[request.pod.namespace]
         request.artifact_dir.mkdir(parents=True, exist_ok=False)
         manifest = json.dumps({"pod": request.pod.name, "pids": list(request.pids)}).encode()
         (request.artifact_dir / "manifest.json").write_bytes(manifest)
@@ -80,14 +85,17 @@ class RecordingExecutor:
         self._record("restore", request)
         if request.pod.name in self.fail_restore:
             raise self.fail_restore[request.pod.name]
-        manifest = request.artifact_dir / "manifest.json"
-        if not manifest.exists():
-            raise ExecutionError(f"no artifact at {request.artifact_dir}")
-        # as the engine executor does: the manifest is trusted only through the digest recorded at capture
-        found = "sha256:" + hashlib.sha256(manifest.read_bytes()).hexdigest()
-        if request.expected_digest and found != request.expected_digest:
-            raise ExecutionError(f"manifest digest {found} is not {request.expected_digest}: changed after its capture")
+        self.check(request.artifact_dir, request.expected_digest)
         return RestoreResult(pids=request.placeholder_pids, timings_ms=dict(RESTORE_TIMINGS_MS))
+
+    def check(self, artifact_dir: Path, expected_digest: str) -> None:
+        """As the engine executor does: the manifest exists and matches the digest recorded at capture."""
+        manifest = artifact_dir / "manifest.json"
+        if not manifest.exists():
+            raise ArtifactUnusable(f"{artifact_dir}: no such artifact directory")
+        found = "sha256:" + hashlib.sha256(manifest.read_bytes()).hexdigest()
+        if expected_digest and found != expected_digest:
+            raise ArtifactUnusable(f"manifest digest {found} is not {expected_digest}: changed after its capture")
 
     def remove(self, artifact_dir: Path) -> None:
         self._record("remove", artifact_dir)

@@ -24,6 +24,13 @@ class AgentConfig:
     metrics_port: int = 8080
     health_port: int = 8081
     log_level: str = "info"
+    #: seconds between the cheap checks of each Ready artifact of this node (missing or tampered files)
+    verify_interval_s: float = 60.0
+
+    @property
+    def logs_dir(self) -> Path:
+        """Logs of failed captures and restores, on the artifact volume (they outlive the agent's pod), per node."""
+        return self.artifact_root / ".logs" / self.node_name
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AgentConfig:

@@ -13,6 +13,7 @@ from typing import Any
 
 from podsnap import contract as c
 from podsnap.agent.executor import (
+    ArtifactUnusable,
     CaptureRequest,
     CaptureResult,
     ExecutionError,
@@ -38,8 +39,10 @@ class EngineExecutor:
     workers join their pod container's cgroups through it, so they belong to that container (its limits,
     its accounting) and outlive any restart of the agent."""
 
-    def __init__(self, cgroup_root: Path = Path("/sys/fs/cgroup")) -> None:
+    def __init__(self, cgroup_root: Path = Path("/sys/fs/cgroup"), log_dir: Path | None = None) -> None:
         self.cgroup_root = cgroup_root
+        #: where CRIU's logs of failed runs are kept (on the artifact volume: they outlive the agent's pod)
+        self.log_dir = log_dir
 
     def capture(self, request: CaptureRequest) -> CaptureResult:
         from podsnap import engine
@@ -49,6 +52,7 @@ class EngineExecutor:
         options = engine.CaptureOptions(
             namespace_pid=request.root_pid,
             criu=engine.CriuOptions(tcp="close"),
+            log_dir=self.log_dir,
             extra={"pod": {"namespace": pod.namespace, "name": pod.name, "uid": pod.uid, "container": pod.container}},
         )
         try:
@@ -73,6 +77,7 @@ class EngineExecutor:
                 skip_compat=request.skip_compat,
                 criu=engine.CriuOptions(tcp="close"),
                 expected_manifest_digest=request.expected_digest or None,
+                log_dir=self.log_dir,
             )
         except ValueError as exc:
             raise ExecutionError(f"artifact {request.artifact_dir}: {exc}", reason=c.REASON_RESTORE_FAILED) from exc
@@ -80,9 +85,21 @@ class EngineExecutor:
             result = engine.restore(request.artifact_dir, options)
         except engine.CompatibilityError as exc:
             raise IncompatibleError(exc.gate, str(exc)) from exc
+        except engine.ArtifactError as exc:
+            raise ArtifactUnusable(str(exc)) from exc
         except engine.EngineError as exc:
             raise ExecutionError(str(exc), reason=c.REASON_RESTORE_FAILED) from exc
         return RestoreResult(pids=result.pids or (result.pid,), timings_ms=dict(result.timings_ms))
+
+    def check(self, artifact_dir: Path, expected_digest: str) -> None:
+        """Cheap: the manifest against its recorded digest, then every listed file's type and size (no hashing)."""
+        from podsnap import engine
+
+        try:
+            manifest = engine.read_manifest(artifact_dir, expected_digest=expected_digest or None)
+            engine.verify(artifact_dir, manifest, deferred=[f.path for f in manifest.files])
+        except (engine.ArtifactError, ValueError) as exc:
+            raise ArtifactUnusable(str(exc)) from exc
 
     def remove(self, artifact_dir: Path) -> None:
         from podsnap import engine

@@ -7,7 +7,9 @@ cannot run CRIU substitute a recording stand-in (`tests/support/recording.py: Re
 Errors an executor raises, by how the agent reacts::
 
     ExecutionError          the capture/restore failed -> CaptureFailed / RestoreFailed (reason carried)
-    └── IncompatibleError   a restore gate refused this host -> RestoreIncompatible (names the gate)
+    ├── IncompatibleError   a restore gate refused this host -> RestoreIncompatible (names the gate)
+    └── ArtifactUnusable    the artifact is missing, tampered or truncated -> RestoreFailed, and its
+                            snapshot stops being Ready (ArtifactLost): no later pod may restore from it
 """
 
 from __future__ import annotations
@@ -33,6 +35,13 @@ class IncompatibleError(ExecutionError):
     def __init__(self, gate: str, message: str) -> None:
         self.gate = gate
         super().__init__(message, reason=c.REASON_RESTORE_INCOMPATIBLE)
+
+
+class ArtifactUnusable(ExecutionError):
+    """The artifact cannot be restored from, for any pod: missing, or failing its digests."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason=c.REASON_RESTORE_FAILED)
 
 
 @dataclass(frozen=True)
@@ -91,5 +100,9 @@ class Executor(Protocol):
     def capture(self, request: CaptureRequest) -> CaptureResult: ...
 
     def restore(self, request: RestoreRequest) -> RestoreResult: ...
+
+    def check(self, artifact_dir: Path, expected_digest: str) -> None:
+        """Raise ArtifactUnusable when the artifact is missing, tampered or truncated (cheap: no hashing)."""
+        ...
 
     def remove(self, artifact_dir: Path) -> None: ...

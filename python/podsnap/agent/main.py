@@ -21,7 +21,7 @@ def build_context(config: AgentConfig, executor: Executor | None = None) -> Agen
     if executor is None:
         from podsnap.agent.engine_executor import EngineExecutor
 
-        executor = EngineExecutor(cgroup_root=config.cgroup_root)
+        executor = EngineExecutor(cgroup_root=config.cgroup_root, log_dir=config.logs_dir)
     credentials = Credentials.load(config.kubeconfig)
     return AgentContext(
         config=config,

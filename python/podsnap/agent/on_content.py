@@ -169,8 +169,8 @@ def _request(ctx: AgentContext, name: str, spec: Mapping[str, Any]) -> CaptureRe
 def fail(ctx: AgentContext, body: Mapping[str, Any], reason: str, message: str) -> NoReturn:
     report(
         body,
-        Condition(c.COND_FAILED, True, reason, message[:4000]),
-        Condition(c.COND_READY, False, reason, message[:4000]),
+        Condition(c.COND_FAILED, True, reason, message),
+        Condition(c.COND_READY, False, reason, message),
         write=cr_status(ctx.kube, c.PLURAL_POD_SNAPSHOT_CONTENTS, body["metadata"]["name"]),
         warning=True,
         count=ctx.metrics.failures.labels("capture", reason),

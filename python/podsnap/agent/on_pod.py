@@ -19,8 +19,9 @@ import kopf
 from podsnap import contract as c
 from podsnap.agent import control
 from podsnap.agent.authz import Refused, restore_target
+from podsnap.agent.artifacts import invalidate
 from podsnap.agent.containers import ContainerNotRunning, environ_of, find_processes, ns_pid
-from podsnap.agent.executor import ExecutionError, IncompatibleError, PodRef, RestoreRequest
+from podsnap.agent.executor import ArtifactUnusable, ExecutionError, IncompatibleError, PodRef, RestoreRequest
 from podsnap.agent.on_content import artifact_dir
 from podsnap.agent.runtime import AgentContext, ctx_of, registry
 from podsnap.controldir import ControlDir
@@ -44,7 +45,7 @@ IDENTITY_KEYS = ("POD_NAME", "POD_NAMESPACE", "POD_UID", "POD_IP", "NODE_NAME", 
 
 
 def set_restored(ctx: AgentContext, pod: Mapping[str, Any], status: bool, reason: str, message: str) -> None:
-    pod_condition(ctx.kube, pod)([Condition(c.POD_CONDITION_RESTORED, status, reason, message[:4000])])
+    pod_condition(ctx.kube, pod)([Condition(c.POD_CONDITION_RESTORED, status, reason, message)])
 
 
 def restore_context_env(pod: Mapping[str, Any], container_env: Mapping[str, str], node: str) -> dict[str, str]:
@@ -126,7 +127,7 @@ def _fail(ctx: AgentContext, pod: Mapping[str, Any], reason: str, message: str, 
     """Restored=False with the reason; and, through the control dir, the placeholder starts the worker cold."""
     report(
         pod,
-        Condition(c.POD_CONDITION_RESTORED, False, reason, message[:4000]),
+        Condition(c.POD_CONDITION_RESTORED, False, reason, message),
         write=pod_condition(ctx.kube, pod),
         warning=True,
         count=ctx.metrics.failures.labels("restore", reason),
@@ -195,6 +196,7 @@ def restore(
     meta = pod["metadata"]
     started = time.monotonic()
     ctl: ControlDir | None = None
+    artifact: BoundArtifact | None = None
     try:
         # only a pod podsnap's webhook shaped, for this namespace, snapshot and container, before anything
         # touches it; whether the soft gates are skipped is the token's word (the policy's), never the
@@ -233,6 +235,13 @@ def restore(
         return
     except IncompatibleError as exc:
         _fail(ctx, pod, c.REASON_RESTORE_INCOMPATIBLE, f"gate {exc.gate}: {exc}", ctl)
+        return
+    except ArtifactUnusable as exc:
+        # no later pod may restore from it either: its snapshot stops being Ready and the policy captures again
+        content = ctx.kube.get_cr(c.PLURAL_POD_SNAPSHOT_CONTENTS, artifact.content) if artifact else None
+        if content is not None:
+            invalidate(ctx, content, str(exc))
+        _fail(ctx, pod, c.REASON_RESTORE_FAILED, str(exc), ctl)
         return
     except (ExecutionError, ContainerNotRunning, OSError) as exc:
         _fail(ctx, pod, c.REASON_RESTORE_FAILED, str(exc), ctl)

@@ -32,6 +32,8 @@ class AgentContext:
     restoring: set[str] = field(default_factory=set)
     #: pod UIDs this process has started restoring: a later event still showing RestoreInProgress is stale
     started: set[str] = field(default_factory=set)
+    #: content name -> when its artifact was last checked (time.monotonic)
+    checked: dict[str, float] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 

@@ -7,12 +7,29 @@ list it changes from the body it is given instead of from a stale copy.
 from __future__ import annotations
 
 import datetime
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 TRUE = "True"
 FALSE = "False"
+#: a condition or Event message is a sentence or two: the cause, and where the details are
+MESSAGE_MAX = 400
+_POINTER = re.compile(r"\(full log: [^()]*\)")
+
+
+def short(message: str, limit: int = MESSAGE_MAX) -> str:
+    """`message` as one line of at most `limit` characters. Logs do not belong here: only the first line is
+    kept, and a long one is cut in the middle so that a "(full log: ...)" pointer and what follows it survive."""
+    line = " ".join(message.strip().splitlines()[0].split()) if message.strip() else ""
+    if len(line) <= limit:
+        return line
+    pointers = list(_POINTER.finditer(line))
+    tail = line[pointers[-1].start() :] if pointers else ""
+    if not tail or len(tail) > limit // 2:
+        return line[: limit - 1].rstrip() + "…"
+    return line[: limit - len(tail) - 2].rstrip() + "… " + tail
 
 
 def now_rfc3339() -> str:
@@ -67,7 +84,7 @@ def merged(
             "status": status,
             "reason": update.reason,
             # never "": the 1.20 API server reads an empty string here as null and rejects it
-            "message": update.message or update.reason,
+            "message": short(update.message) or update.reason,
             "lastTransitionTime": stamp,
         }
         if generation is not None:

@@ -62,7 +62,7 @@ def pod_condition(kube: Kube, pod: Mapping[str, Any]) -> ConditionWriter:
                 "type": u.type,
                 "status": conditions.TRUE if u.status else conditions.FALSE,
                 "reason": u.reason,
-                "message": u.message or u.reason,
+                "message": conditions.short(u.message) or u.reason,
                 "lastTransitionTime": stamp,
             }
             for u in updates

@@ -34,6 +34,8 @@ class OperatorConfig:
     log_level: str = "info"
     #: "auto" (pod scheduling gates where the server has them), "on", "off" (hold replicas at zero)
     scheduling_gates: str = "auto"
+    #: the first retry of a failed capture waits this long; each next one twice as long (policy.RETRY_MAX_S at most)
+    capture_retry_base_s: float = 30.0
 
     @property
     def webhook_prefix(self) -> str:

@@ -15,7 +15,7 @@ from podsnap import contract as c
 from podsnap.kube.client import Kube, get_or_none
 from podsnap.kube.tokens import RESTORE, Claims
 from podsnap.operator.config import WEBHOOK_PATH_ID
-from podsnap.operator.policy import template_hash
+from podsnap.operator.policy import serving_replicas, template_hash
 from podsnap.operator.restore_pod import NotShapeable, shape
 from podsnap.operator.runtime import OperatorContext, ctx_of, registry
 
@@ -106,17 +106,33 @@ def restore_plan(ctx: OperatorContext, pod: Mapping[str, Any], namespace: str | 
             container = spec.get("targetContainerName") or "main"
             skip = spec.get("skipCompatCheck") is True
             return Plan("restore", status["checkpointName"], container, namespace, skip)
-        if spec.get("startupPolicy") == c.STARTUP_POLICY_WAIT:
+        if spec.get("startupPolicy") == c.STARTUP_POLICY_WAIT and _wait(ctx, owner, namespace, status, current):
             return Plan("wait")
         ctx.metrics.pods_cold.labels("TemplateChanged" if status.get("ready") else "CheckpointNotReady").inc()
         return None
     return None
 
 
+def _wait(ctx: OperatorContext, owner: Owner, namespace: str, status: Mapping[str, Any], current: bool) -> bool:
+    """WaitForCheckpoint holds a new pod only while its policy holds (status.holding, for the template it has
+    seen), or, for a template the policy has not seen yet, while nothing of the workload serves: a serving
+    workload's new template starts cold rather than take replicas away."""
+    if current:
+        return bool(status.get("holding"))
+    read = (
+        ctx.kube.apps.read_namespaced_deployment
+        if owner.kind == "Deployment"
+        else ctx.kube.apps.read_namespaced_stateful_set
+    )
+    target = get_or_none(read, owner.name, namespace)
+    return target is None or serving_replicas(owner.kind, ctx.kube.sanitize(target)) == 0
+
+
 def hold(ctx: OperatorContext, pod: Mapping[str, Any], patch: kopf.Patch) -> None:
     """WaitForCheckpoint: this pod must not start before the checkpoint is Ready. With scheduling gates the
-    gate holds it; without (Kubernetes < 1.27) a node selector no node matches does. Either way the
-    operator's replica hold then scales it away, and pods made after Ready restore."""
+    gate holds it; without (Kubernetes < 1.27) a node selector no node matches does. The operator's replica
+    hold scales it away, or, once the hold ends (checkpoint Ready or its capture failed), the operator
+    deletes it and its controller makes a new one: restored, or cold."""
     if ctx.scheduling_gates:
         gates = list((pod.get("spec") or {}).get("schedulingGates") or [])
         patch.spec["schedulingGates"] = [*gates, {"name": c.SCHEDULING_GATE_WAIT}]
