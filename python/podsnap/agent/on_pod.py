@@ -18,8 +18,8 @@ import kopf
 
 from podsnap import contract as c
 from podsnap.agent import control
-from podsnap.agent.authz import Refused, restore_target
 from podsnap.agent.artifacts import invalidate
+from podsnap.agent.authz import Refused, restore_target
 from podsnap.agent.containers import ContainerNotRunning, environ_of, find_processes, ns_pid
 from podsnap.agent.executor import ArtifactUnusable, ExecutionError, IncompatibleError, PodRef, RestoreRequest
 from podsnap.agent.on_content import artifact_dir
