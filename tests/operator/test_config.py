@@ -21,7 +21,9 @@ from typing import Any
 import pytest
 
 from podsnap import contract as c
+from podsnap.agent import main as agent_main
 from podsnap.agent.config import AgentConfig
+from podsnap.agent.engine_executor import EngineExecutor
 from podsnap.kube.client import get_or_none
 from podsnap.kube.env import ConfigError
 from podsnap.kube.tokens import CAPTURE, KEY_FILE, Claims, TokenKey
@@ -172,6 +174,10 @@ def test_rendered_values_reach_the_agent_config() -> None:
     )
     assert config.artifact_root == Path(c.ARTIFACT_ROOT_DEFAULT)
     assert config.cgroup_root == Path(c.CGROUP_ROOT_IN_AGENT)
+    # what the agent does with the cgroup root: restores join their pod's cgroups through it (the effect is
+    # shown by tests/agent/test_restore_cgroups.py and, in pods, tests/e2e/test_availability.py)
+    executor = agent_main.engine_executor(config)
+    assert isinstance(executor, EngineExecutor) and executor.cgroup_root == Path(c.CGROUP_ROOT_IN_AGENT)
 
 
 @pytest.mark.parametrize(

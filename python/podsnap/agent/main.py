@@ -16,12 +16,17 @@ from podsnap.kube.client import Credentials, Kube
 from podsnap.kube.tokens import TokenKey
 
 
+def engine_executor(config: AgentConfig) -> Executor:
+    """The real executor, configured from the agent's settings (the host's cgroups, the logs dir)."""
+    from podsnap.agent.engine_executor import EngineExecutor
+
+    return EngineExecutor(cgroup_root=config.cgroup_root, log_dir=config.logs_dir)
+
+
 def build_context(config: AgentConfig, executor: Executor | None = None) -> AgentContext:
     """`executor` defaults to the engine; tests that cannot run CRIU pass a recording stand-in."""
     if executor is None:
-        from podsnap.agent.engine_executor import EngineExecutor
-
-        executor = EngineExecutor(cgroup_root=config.cgroup_root, log_dir=config.logs_dir)
+        executor = engine_executor(config)
     credentials = Credentials.load(config.kubeconfig)
     return AgentContext(
         config=config,

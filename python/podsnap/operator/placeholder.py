@@ -57,6 +57,7 @@ while [ ! -e "$d/{c.FILE_RESTORE_COMPLETE}" ]; do
     : >"$d/{c.FILE_STARTED_COLD}"
     if [ -e "$d/{c.FILE_RESTORING}" ]; then
       rm -f "$d/{c.FILE_STARTED_COLD}"
+      [ "$waited" -eq "$timeout" ] && say "no restore within $timeout s, but one is under way: waiting for it"
     else
       cold "no restore within $timeout s" "$@"
     fi
