@@ -424,25 +424,24 @@ def test_namespace_mode_refuses_a_dynamically_linked_criu(tmp_path: Path) -> Non
 
 LOOPBACK_PAIR = """
 import os, signal, socket, sys
+# SIGUSR1 stays blocked and is taken by sigwait: a signal.pause() loop would miss one that arrives before
+# it is back in pause() (a tree resumed with SIGCONT and signalled at once hits exactly that window)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
 server = socket.socket()
 server.bind(("127.0.0.1", 0))
 server.listen()
 client = socket.create_connection(server.getsockname())
 peer, _ = server.accept()
 out = sys.argv[1]
-
-def ping(*_):
-    client.sendall(b"ping")
-    with open(out + ".tmp", "w") as f:
-        f.write(peer.recv(4).decode())
-    os.rename(out + ".tmp", out)
-
-signal.signal(signal.SIGUSR1, ping)
 with open(sys.argv[2] + ".tmp", "w") as f:
     f.write(str(os.getpid()))
 os.rename(sys.argv[2] + ".tmp", sys.argv[2])
 while True:
-    signal.pause()
+    signal.sigwait({signal.SIGUSR1})
+    client.sendall(b"ping")
+    with open(out + ".tmp", "w") as f:
+        f.write(peer.recv(4).decode())
+    os.rename(out + ".tmp", out)
 """
 
 

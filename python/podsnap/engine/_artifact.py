@@ -21,7 +21,7 @@ import os
 import shutil
 import stat
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -98,16 +98,26 @@ def _digests(
 
 
 def describe_files(
-    root: Path, *, workers: int | None = None, progress: ByteProgress | None = None
+    root: Path,
+    *,
+    workers: int | None = None,
+    progress: ByteProgress | None = None,
+    known: Mapping[str, tuple[int, Sequence[str]]] | None = None,
 ) -> tuple[FileEntry, ...]:
-    """Every regular file under `root` except the manifest, with its size and sha256."""
+    """Every regular file under `root` except the manifest, with its size and sha256.
+
+    `known`: rel -> (size, the digest of each CHUNK_BYTES chunk) taken earlier (`_prehash`, while CRIU
+    wrote the file); used for a file whose size is still that size, which the caller guarantees it did
+    not change otherwise."""
     rels = [p.relative_to(root).as_posix() for p in _walk(root)]
     rels = [r for r in rels if r != MANIFEST_NAME]
-    digests = _digests(root, rels, workers or default_workers(), progress)
-    return tuple(
-        FileEntry(path=r, size=(root / r).stat().st_size, sha256=digests[r][0], chunks=digests[r][1])
-        for r in sorted(rels)
-    )
+    sizes = {r: (root / r).stat().st_size for r in rels}
+    given: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for rel, (size, chunks) in (known or {}).items():
+        if sizes.get(rel) == size and chunks and len(chunks) == -(-size // CHUNK_BYTES):
+            given[rel] = (chunks[0], ()) if size <= CHUNK_BYTES else (chunked_root(list(chunks)), tuple(chunks))
+    digests = given | _digests(root, [r for r in rels if r not in given], workers or default_workers(), progress)
+    return tuple(FileEntry(path=r, size=sizes[r], sha256=digests[r][0], chunks=digests[r][1]) for r in sorted(rels))
 
 
 def _fsync_path(path: Path, *, directory: bool = False) -> None:

@@ -7,9 +7,9 @@ cut (capture, after the dump): for each process, the runs of present pages of at
 inside plain private anonymous read-write VMAs leave CRIU's image (CRIU restores what stays with one
 thread, and the restore verifies those files before CRIU runs: the less stays, the better; small runs
 only cost manifest lines). The original `pages-N.img` is renamed
-to `bulk/pages-N.raw` (no copy of the bulk), and a new small `pages-N.img` + `pagemap-N.img` keep only
-the rest (a copy of the small remainder; its bytes are then punched out of the raw file where the
-filesystem can). Each run becomes an extent (pid, vaddr, length, file, offset). Nothing else changes:
+to `bulk/pages-N.raw` (no copy of the bulk, not a byte changed: digests taken while CRIU wrote it stay
+valid), and a new small `pages-N.img` + `pagemap-N.img` keep only the rest (a copy of the small
+remainder, whose bytes stay unread in the raw file too). Each run becomes an extent (pid, vaddr, length, file, offset). Nothing else changes:
 the VMAs stay in `mm-N.img`, so CRIU maps them and leaves their pages zero. With `hugepages`, the VMAs
 that are mostly bulk get MADV_HUGEPAGE added in `mm-N.img` (see `advise_hugepages`): CRIU's restorer
 advises them, so the fill faults 2 MiB pages and the CUDA driver's restore reads THP-backed memory
@@ -39,7 +39,7 @@ import stat
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from podsnap.engine._criu_images import (
@@ -142,21 +142,6 @@ def _copy_range(src: int, dst: int, offset: int, length: int) -> None:
         length -= n
 
 
-_FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
-
-
-def _punch(fd: int, ranges: list[tuple[int, int]]) -> None:
-    """Give back the space of bytes a raw file no longer needs (they stay readable, as zeros); best effort."""
-    libc_name = ctypes.util.find_library("c")
-    if not libc_name or not ranges:
-        return
-    libc = ctypes.CDLL(libc_name, use_errno=True)
-    libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-    for offset, length in ranges:
-        if libc.fallocate(fd, _FALLOC_FL_KEEP_SIZE | _FALLOC_FL_PUNCH_HOLE, offset, length) != 0:
-            return  # not supported here (some network filesystems): the bytes just stay
-
-
 def _split(criu_dir: Path, raw: Path, pagemap_path: Path, pagemap: Pagemap, cut: list[int]) -> None:
     """CRIU's pages image becomes `raw`; a new pages image and pagemap keep only the entries not cut."""
     pages = criu_dir / f"pages-{pagemap.pages_id}.img"
@@ -172,7 +157,7 @@ def _split(criu_dir: Path, raw: Path, pagemap_path: Path, pagemap: Pagemap, cut:
                 kept_ranges.append((offset, e.length))
         if e.present:
             offset += e.length
-    src = os.open(raw, os.O_RDWR | os.O_CLOEXEC)
+    src = os.open(raw, os.O_RDONLY | os.O_CLOEXEC)
     try:
         dst = os.open(pages, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
@@ -180,7 +165,6 @@ def _split(criu_dir: Path, raw: Path, pagemap_path: Path, pagemap: Pagemap, cut:
                 _copy_range(src, dst, start, length)
         finally:
             os.close(dst)
-        _punch(src, kept_ranges)
     finally:
         os.close(src)
     tmp = pagemap_path.with_name(f".{pagemap_path.name}.tmp")
@@ -212,6 +196,8 @@ class Cut:
     large_bytes: int
     #: bytes of the VMAs given MADV_HUGEPAGE in their mm image
     advised_bytes: int = 0
+    #: artifact-relative path of each pages image now under bulk/ -> its new path (its bytes unchanged)
+    moved: dict[str, str] = field(default_factory=dict)
 
 
 def cut(staging: Path, criu_pids: set[int], *, min_run: int = DEFAULT_MIN_RUN, hugepages: bool = True) -> Cut:
@@ -237,15 +223,17 @@ def cut(staging: Path, criu_pids: set[int], *, min_run: int = DEFAULT_MIN_RUN, h
             plans.append((pid, path, pagemap, runs, covered))
     extents: list[Extent] = []
     advised = 0
+    moved: dict[str, str] = {}
     for pid, path, pagemap, runs, covered in plans:
         bulk_dir.mkdir(exist_ok=True)
         raw = bulk_dir / f"pages-{pagemap.pages_id}.raw"
         _split(criu_dir, raw, path, pagemap, covered)
         rel = f"{BULK_DIR}/{raw.name}"
+        moved[f"{CRIU_DIR}/pages-{pagemap.pages_id}.img"] = rel
         extents += [Extent(pid=pid, vaddr=r.vaddr, length=r.length, file=rel, offset=r.offset) for r in runs]
         if hugepages:
             advised += sum(v.end - v.start for v in advise_hugepages(criu_dir / f"mm-{pid}.img", _mostly_bulk(runs)))
-    return Cut(extents, large, advised)
+    return Cut(extents, large, advised, moved)
 
 
 # --- fill (restore) --------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The capture workflow, as phases sharing one Rollback:
 
-    inspect -> cuda_lock -> cuda_checkpoint -> criu_dump -> (resume the source, with leave_running) ->
-    cut (bulk memory out of CRIU's images, see _bulk) -> before_publish -> hash -> reap -> publish
+    inspect -> cuda_lock -> cuda_checkpoint -> criu_dump (its pages images hashed as CRIU writes them,
+    see _prehash) -> (resume the source, with leave_running) -> cut (bulk memory out of CRIU's images,
+    see _bulk) -> before_publish -> hash (the rest) -> reap -> publish
 
 Until the dump succeeded, a failure gives the source its CUDA state back so it keeps serving; at any
 point it discards the staging dir. Nothing half-written is ever visible at `out`.
@@ -26,8 +27,9 @@ from podsnap.engine._criu_images import ImageError
 from podsnap.engine._criu_runner import Criu
 from podsnap.engine._cuda import CudaCheckpointer, default_checkpointer
 from podsnap.engine._host import HostFacts, host_facts
-from podsnap.engine._manifest import Extent, Manifest
+from podsnap.engine._manifest import CRIU_DIR, Extent, Manifest
 from podsnap.engine._options import CaptureOptions, CaptureResult, ProgressFn, Timer
+from podsnap.engine._prehash import Prehash
 from podsnap.engine._proctree import STDIO_KEY, ProcInfo
 from podsnap.engine._rollback import Rollback
 from podsnap.engine.errors import CaptureError, EngineError
@@ -123,12 +125,16 @@ def _checkpoint_cuda(src: _Source, opts: CaptureOptions, timer: Timer, rb: Rollb
             rb.checkpointed.append(p)
 
 
-def _dump(src: _Source, opts: CaptureOptions, staging: art.Staging, timer: Timer, rb: Rollback) -> list[str]:
-    """CRIU dump into the staging dir; its log goes into the artifact's logs/. Returns CRIU's config lines."""
+def _dump(
+    src: _Source, opts: CaptureOptions, staging: art.Staging, timer: Timer, rb: Rollback
+) -> tuple[list[str], dict[str, tuple[int, list[str]]]]:
+    """CRIU dump into the staging dir; its log goes into the artifact's logs/. Returns CRIU's config lines
+    and the digests of its pages images, taken on other cores while CRIU wrote them (see _prehash)."""
     estimate = proctree.rss_bytes([p.pid for p in src.tree])  # GPU memory included, once checkpointed
     with (
         timer.phase("criu_dump", estimate) as start,
         runner_mod.work_dir("dump", log_dir=opts.log_dir) as work,
+        Prehash(staging.criu_dir, workers=opts.hash_workers or art.default_workers()) as prehash,
     ):
         net_inode = Path(f"/proc/{src.pid}/ns/net").stat().st_ino if opts.criu.external_net_ns else None
 
@@ -145,13 +151,14 @@ def _dump(src: _Source, opts: CaptureOptions, staging: art.Staging, timer: Timer
             net_ns_inode=net_inode,
             monitor=monitor,
         )
+        prehashed = {f"{CRIU_DIR}/{name}": digests for name, digests in prehash.finish().items()}
         timer.set_done("criu_dump", _dir_bytes(staging.criu_dir))
         (staging.path / "logs").mkdir()
         with contextlib.suppress(OSError):
             shutil.copyfile(work / "dump.log", staging.path / "logs" / "dump.log")
     if not opts.leave_running:
         rb.forget_cuda()  # the source is gone; its CUDA state is in the image now
-    return lines
+    return lines, prehashed
 
 
 def _resume_source(opts: CaptureOptions, rb: Rollback) -> None:
@@ -172,10 +179,10 @@ def _reap(src: _Source, opts: CaptureOptions, timer: Timer) -> None:
             proctree.wait_gone(proc.pid, timeout_s=30)
 
 
-def _cut(src: _Source, opts: CaptureOptions, staging: art.Staging, timer: Timer) -> tuple[Extent, ...]:
+def _cut(src: _Source, opts: CaptureOptions, staging: art.Staging, timer: Timer) -> bulk.Cut:
     """The fast restore's half at capture: large memory runs leave CRIU's images for raw bulk files."""
     if not opts.fast_restore:
-        return ()
+        return bulk.Cut([], 0)
     with timer.phase("cut"):
         try:
             done = bulk.cut(
@@ -195,7 +202,7 @@ def _cut(src: _Source, opts: CaptureOptions, staging: art.Staging, timer: Timer)
         timer.set_done("cut", sum(e.length for e in done.extents), total=done.large_bytes)
     if done.advised_bytes:
         timer.bytes["hugepages"] = done.advised_bytes
-    return tuple(done.extents)
+    return done
 
 
 def _extra_sections(src: _Source, opts: CaptureOptions, staging: art.Staging, timer: Timer) -> dict[str, Any]:
@@ -211,13 +218,22 @@ def _extra_sections(src: _Source, opts: CaptureOptions, staging: art.Staging, ti
     return extra
 
 
-def _hash(staging: art.Staging, opts: CaptureOptions, timer: Timer) -> tuple[art.FileEntry, ...]:
-    with timer.phase("hash", _dir_bytes(staging.path)) as start:
-        return art.describe_files(
+def _hash(
+    staging: art.Staging, opts: CaptureOptions, timer: Timer, known: dict[str, tuple[int, list[str]]]
+) -> tuple[art.FileEntry, ...]:
+    """Digest every file; `known` ones (hashed during the dump, unchanged since) are taken as they are."""
+    total = _dir_bytes(staging.path)
+    with timer.phase("hash", total) as start:
+        files = art.describe_files(
             staging.path,
             workers=opts.hash_workers,
             progress=lambda done, total: timer.report("hash", done, total, start=start),
+            known=known,
         )
+        # what this phase itself read (the rest was hashed while CRIU wrote it)
+        sizes = {f.path: f.size for f in files}
+        timer.set_done("hash", total - sum(size for rel, (size, _) in known.items() if sizes.get(rel) == size))
+        return files
 
 
 def _publish(
@@ -274,11 +290,14 @@ def capture(
             src = _inspect(pid, opts, cuda, criu, rb)
             staging = rb.staging = art.Staging(Path(out))
         _checkpoint_cuda(src, opts, timer, rb)
-        lines = _dump(src, opts, staging, timer, rb)
+        lines, prehashed = _dump(src, opts, staging, timer, rb)
         _resume_source(opts, rb)
-        extents = _cut(src, opts, staging, timer)
+        done = _cut(src, opts, staging, timer)
+        extents = tuple(done.extents)
+        # a pages image the cut moved into bulk/ keeps its bytes, so its digests follow it
+        known = {done.moved.get(rel, rel): digests for rel, digests in prehashed.items()}
         extra = _extra_sections(src, opts, staging, timer)
-        files = _hash(staging, opts, timer)
+        files = _hash(staging, opts, timer, known)
         _reap(src, opts, timer)
         manifest, published = _publish(
             src, opts, staging, timer, files=files, lines=lines, extra=extra, extents=extents

@@ -246,10 +246,18 @@ def wait_stopped(pids: list[int], *, timeout_s: float = 10.0) -> list[int]:
         time.sleep(0.005)
 
 
-def resume(pids: list[int]) -> None:
-    """SIGCONT each of `pids` (a tree left stopped by `criu restore --leave-stopped`)."""
+def resume(pids: list[int], *, timeout_s: float = 10.0) -> list[int]:
+    """SIGCONT each of `pids` (a tree left stopped by `criu restore --leave-stopped`) and wait until none
+    is stopped any more (the CUDA restore that follows needs its process running); return those still
+    stopped at the deadline."""
     for pid in pids:
         os.kill(pid, signal.SIGCONT)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stopped = [p for p in pids if state(p) == "T"]
+        if not stopped or time.monotonic() > deadline:
+            return stopped
+        time.sleep(0.001)
 
 
 def wait_gone(pid: int, *, timeout_s: float = 10.0) -> bool:

@@ -224,7 +224,9 @@ def _fill(run: _Run, tree: _Restored) -> None:
         )
         timer.set_done("fill", written)
     with timer.phase("resume"):
-        proctree.resume(list(tree.hosts.values()))
+        stopped = proctree.resume(list(tree.hosts.values()))
+        if stopped:
+            raise RestoreError(f"pid(s) {stopped} stay stopped after SIGCONT", phase="resume")
 
 
 def _restore_cuda(run: _Run, tree: _Restored, cp: CudaCheckpointer | None, host: HostFacts) -> list[int]:
