@@ -53,7 +53,7 @@ class OutsideConnectionError(EngineError, QuiesceError):
             "quiesce",
             f"established TCP connection(s) to {', '.join(connections)}: they cannot follow the process to a new pod. "
             "Run the snapshot controller before opening connections to outside services (discovery, NATS, etcd, "
-            "telemetry), or pass outside_connections='warn'",
+            "telemetry), or pass EngineSnapshot(..., outside='warn')",
         )
         self.hook = f"{engine}.outside-connection-check"
         self.connections = connections
