@@ -261,3 +261,28 @@ REASON_NOT_A_CAPTURE_SOURCE: Final = "NotACaptureSource"
 REASON_RESTORE_REFUSED: Final = "RestoreRefused"
 #: a Ready snapshot whose artifact went missing or failed verification: it is Failed from then on
 REASON_ARTIFACT_LOST: Final = "ArtifactLost"
+
+
+# --- node-local artifact cache and prefetch (issue 9; additive) ------------------------------
+#: on a PodSnapshotContent, set by the operator while a Ready SnapshotPolicy restores from it: every agent
+#: copies its artifact into its node-local cache before the first restore pod arrives
+LABEL_PREFETCH: Final = f"{GROUP}/prefetch"
+#: on a prefetched content: the policies (`namespace/name`, comma-separated) that keep the label on it
+ANNOTATION_PREFETCH_FOR: Final = f"{GROUP}/prefetch-for"
+REASON_PREFETCHED: Final = "Prefetched"
+REASON_PREFETCH_FAILED: Final = "PrefetchFailed"
+#: where the agent container mounts its node-local cache volume
+CACHE_DIR_IN_AGENT: Final = "/var/lib/podsnap/cache"
+ENV_CACHE_DIR: Final = "PODSNAP_CACHE_DIR"  # the cache's directory in the agent; "" = no cache
+ENV_CACHE_MAX_SIZE: Final = "PODSNAP_CACHE_MAX_SIZE"  # a Kubernetes quantity, e.g. 200Gi
+ENV_CACHE_MIN_FREE_PERCENT: Final = "PODSNAP_CACHE_MIN_FREE_PERCENT"  # of the cache's filesystem, kept free
+ENV_PREFETCH_CONCURRENCY: Final = "PODSNAP_PREFETCH_CONCURRENCY"  # artifacts copied at once; "0" = no prefetch
+CHART_PATHS["cacheDir"] = CACHE_DIR_IN_AGENT
+CHART_ENV.update(
+    {
+        "cacheDir": (ENV_CACHE_DIR, (COMPONENT_AGENT,)),
+        "cacheMaxSize": (ENV_CACHE_MAX_SIZE, (COMPONENT_AGENT,)),
+        "cacheMinFreePercent": (ENV_CACHE_MIN_FREE_PERCENT, (COMPONENT_AGENT,)),
+        "prefetchConcurrency": (ENV_PREFETCH_CONCURRENCY, (COMPONENT_AGENT,)),
+    }
+)

@@ -133,6 +133,10 @@ def test_paths_the_chart_passes_are_where_it_mounts() -> None:
     assert op[c.ENV_WEBHOOK_CERT_DIR] == mounts(docs, "Deployment", "operator")["webhook-tls"]
     assert agent[c.ENV_ARTIFACT_ROOT] == mounts(docs, "DaemonSet", "agent")["artifacts"]
     assert agent[c.ENV_CGROUP_ROOT] == mounts(docs, "DaemonSet", "agent")["cgroup"]
+    assert agent[c.ENV_CACHE_DIR] == mounts(docs, "DaemonSet", "agent")["artifact-cache"]
+    off = render_chart(require_tool("helm"), CHART, "agent.cache.enabled=false")
+    assert container_env(off, "DaemonSet", "agent")[c.ENV_CACHE_DIR] == ""
+    assert "artifact-cache" not in mounts(off, "DaemonSet", "agent")
 
 
 # --- render -> config ---------------------------------------------------------------------------
@@ -178,6 +182,35 @@ def test_rendered_values_reach_the_agent_config() -> None:
     # shown by tests/agent/test_restore_cgroups.py and, in pods, tests/e2e/test_availability.py)
     executor = agent_main.engine_executor(config)
     assert isinstance(executor, EngineExecutor) and executor.cgroup_root == Path(c.CGROUP_ROOT_IN_AGENT)
+    assert config.cache_dir == Path(c.CACHE_DIR_IN_AGENT) and config.cache_max_bytes == 200 << 30
+    assert (config.cache_min_free_percent, config.prefetch_concurrency) == (15, 1)
+    tuned = render_chart(
+        require_tool("helm"),
+        CHART,
+        "agent.cache.maxSize=1500Mi",
+        "agent.cache.minFreePercent=20",
+        "agent.cache.prefetch.concurrency=3",
+    )
+    tuned_config = AgentConfig.from_env({**container_env(tuned, "DaemonSet", "agent"), c.ENV_NODE_NAME: "n"})
+    assert (tuned_config.cache_max_bytes, tuned_config.cache_min_free_percent) == (1500 << 20, 20)
+    assert tuned_config.prefetch_concurrency == 3
+    for off in ("agent.cache.enabled=false", "agent.cache.prefetch.enabled=false"):
+        environ = {
+            **container_env(render_chart(require_tool("helm"), CHART, off), "DaemonSet", "agent"),
+            c.ENV_NODE_NAME: "n",
+        }
+        assert AgentConfig.from_env(environ).prefetch_concurrency == 0
+    assert (
+        AgentConfig.from_env(
+            {
+                **container_env(
+                    render_chart(require_tool("helm"), CHART, "agent.cache.enabled=false"), "DaemonSet", "agent"
+                ),
+                c.ENV_NODE_NAME: "n",
+            }
+        ).cache_dir
+        is None
+    )
 
 
 @pytest.mark.parametrize(
@@ -197,6 +230,20 @@ def test_a_malformed_variable_stops_the_operator_naming_it(name: str, value: str
 def test_the_agent_refuses_to_start_without_its_node() -> None:
     with pytest.raises(ConfigError, match=c.ENV_NODE_NAME):
         AgentConfig.from_env({})
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        (c.ENV_CACHE_MAX_SIZE, "lots", "expected a size as a Kubernetes quantity"),
+        (c.ENV_CACHE_MAX_SIZE, "1k", "expected at least 1Mi"),
+        (c.ENV_CACHE_MIN_FREE_PERCENT, "95", "expected an integer from 0 to 90"),
+        (c.ENV_PREFETCH_CONCURRENCY, "-1", "expected an integer from 0 to 64"),
+    ],
+)
+def test_a_malformed_cache_variable_stops_the_agent_naming_it(name: str, value: str, says: str) -> None:
+    with pytest.raises(ConfigError, match=f"{name}={value!r}: {says}"):
+        AgentConfig.from_env({c.ENV_NODE_NAME: "n", name: value})
 
 
 # --- config -> what the process does ------------------------------------------------------------
@@ -301,7 +348,14 @@ def test_every_agent_variable_changes_what_the_agent_process_does(env: Env, tmp_
     health, metrics = free_port(), free_port()
     node = "node-config-test"
     docs = render_chart(
-        require_tool("helm"), CHART, "agent.logLevel=debug", f"agent.healthPort={health}", f"metrics.port={metrics}"
+        require_tool("helm"),
+        CHART,
+        "agent.logLevel=debug",
+        f"agent.healthPort={health}",
+        f"metrics.port={metrics}",
+        "agent.cache.maxSize=3Gi",
+        "agent.cache.minFreePercent=7",
+        "agent.cache.prefetch.concurrency=2",
     )
     environ = container_env(docs, "DaemonSet", "agent")
     assert set(environ) == set(c.chart_env(c.COMPONENT_AGENT))
@@ -309,6 +363,8 @@ def test_every_agent_variable_changes_what_the_agent_process_does(env: Env, tmp_
     # container paths the chart mounts, at places of this test on this machine
     artifacts = tmp_path / "artifacts"
     environ[c.ENV_ARTIFACT_ROOT] = str(artifacts)
+    cache = tmp_path / "cache"
+    environ[c.ENV_CACHE_DIR] = str(cache)
     environ[c.ENV_CGROUP_ROOT] = str(AgentConfig(node_name="x").cgroup_root)
     key = token_key_dir(tmp_path)
     environ[c.ENV_TOKEN_KEY_DIR] = str(key)
@@ -320,10 +376,17 @@ def test_every_agent_variable_changes_what_the_agent_process_does(env: Env, tmp_
             what=f"/healthz on {c.ENV_HEALTH_PORT}={health} (exit code {proc.poll()})",
         )
         seen.add(c.ENV_HEALTH_PORT)
-        assert "podsnap_agent_" in http_get(f"http://127.0.0.1:{metrics}/metrics")
+        scraped = http_get(f"http://127.0.0.1:{metrics}/metrics")
+        assert "podsnap_agent_" in scraped
         seen.add(c.ENV_METRICS_PORT)
         assert artifacts.is_dir(), "the agent makes its artifact root at start"
         seen.add(c.ENV_ARTIFACT_ROOT)
+        # the node cache: made private at start, its limit published
+        wait_for((cache / "entries").is_dir, what="the cache directory")
+        assert cache.stat().st_mode & 0o777 == 0o700
+        seen.add(c.ENV_CACHE_DIR)
+        assert "podsnap_agent_cache_max_bytes 3.221225472e+09" in scraped
+        seen.add(c.ENV_CACHE_MAX_SIZE)
         # it takes on the contents bound to its node (this one's source pod does not exist: it fails it)
         env.cluster.create(c.PLURAL_POD_SNAPSHOT_CONTENTS, content)
         try:
@@ -359,6 +422,8 @@ def test_every_agent_variable_changes_what_the_agent_process_does(env: Env, tmp_
     out = output_of(proc)
     assert " DEBUG " in out, out[-2000:]
     seen.add(c.ENV_LOG_LEVEL)
+    assert "keeping 7% of its filesystem free; prefetch 2 at a time" in out, out[-2000:]
+    seen.update((c.ENV_CACHE_MIN_FREE_PERCENT, c.ENV_PREFETCH_CONCURRENCY))
     # PODSNAP_CGROUP_ROOT: restored workers join their pod's cgroups through it (tests/e2e: test_availability)
     seen.add(c.ENV_CGROUP_ROOT)
     assert seen == set(c.chart_env(c.COMPONENT_AGENT)), "a variable the chart passes has no effect shown here"

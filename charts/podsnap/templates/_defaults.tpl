@@ -4,6 +4,17 @@
 {{- define "podsnap.defaults" -}}
 agent:
   affinity: {}
+  cache:
+    emptyDir:
+      medium: ''
+    enabled: true
+    hostPath: ''
+    maxSize: 200Gi
+    minFreePercent: 15
+    prefetch:
+      concurrency: 1
+      enabled: true
+    type: hostPath
   extraArgs: []
   extraEnv: []
   healthPort: 8081

@@ -7,7 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from podsnap import contract as c
-from podsnap.kube.env import ConfigError, env_path, env_port, env_str, log_level
+from podsnap.kube.env import ConfigError, env_int, env_path, env_port, env_str, log_level
+
+#: the node cache's defaults when the variables are unset (the chart always sets them)
+CACHE_MAX_SIZE_DEFAULT = "200Gi"
+CACHE_MIN_FREE_PERCENT_DEFAULT = 15
 
 
 @dataclass
@@ -26,6 +30,13 @@ class AgentConfig:
     log_level: str = "info"
     #: seconds between the cheap checks of each Ready artifact of this node (missing or tampered files)
     verify_interval_s: float = 60.0
+
+    #: the node-local artifact cache (agent/cache.py); None: no cache, every restore reads the volume
+    cache_dir: Path | None = None
+    cache_max_bytes: int = 200 << 30
+    cache_min_free_percent: int = CACHE_MIN_FREE_PERCENT_DEFAULT
+    #: artifacts copied into the cache at once, for prefetch and after restores; 0: no prefetch watch
+    prefetch_concurrency: int = 1
 
     @property
     def logs_dir(self) -> Path:
@@ -48,4 +59,31 @@ class AgentConfig:
             metrics_port=env_port(c.ENV_METRICS_PORT, 8080, environ),
             health_port=env_port(c.ENV_HEALTH_PORT, 8081, environ),
             log_level=log_level(c.ENV_LOG_LEVEL, "info", environ),
+            cache_dir=env_path(c.ENV_CACHE_DIR, "", environ) if env_str(c.ENV_CACHE_DIR, "", environ) else None,
+            cache_max_bytes=_quantity(c.ENV_CACHE_MAX_SIZE, CACHE_MAX_SIZE_DEFAULT, environ),
+            cache_min_free_percent=_bounded(
+                c.ENV_CACHE_MIN_FREE_PERCENT, CACHE_MIN_FREE_PERCENT_DEFAULT, 0, 90, environ
+            ),
+            prefetch_concurrency=_bounded(c.ENV_PREFETCH_CONCURRENCY, 1, 0, 64, environ),
         )
+
+
+def _quantity(name: str, default: str, environ: Mapping[str, str] | None) -> int:
+    """A Kubernetes quantity of bytes (e.g. 200Gi, 500G), at least 1 MiB."""
+    from kubernetes.utils.quantity import parse_quantity
+
+    raw = env_str(name, default, environ)
+    try:
+        value = int(parse_quantity(raw))
+    except (ValueError, TypeError, ArithmeticError):
+        raise ConfigError(f"{name}={raw!r}: expected a size as a Kubernetes quantity, e.g. 200Gi") from None
+    if value < 1 << 20:
+        raise ConfigError(f"{name}={raw!r}: expected at least 1Mi")
+    return value
+
+
+def _bounded(name: str, default: int, low: int, high: int, environ: Mapping[str, str] | None) -> int:
+    value = env_int(name, default, environ)
+    if not low <= value <= high:
+        raise ConfigError(f"{name}={str(value)!r}: expected an integer from {low} to {high}")
+    return value

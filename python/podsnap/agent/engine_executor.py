@@ -78,6 +78,8 @@ class EngineExecutor:
                 criu=engine.CriuOptions(tcp="close"),
                 expected_manifest_digest=request.expected_digest or None,
                 log_dir=self.log_dir,
+                # a node-cache copy, verified in full when it was filled: nothing is hashed again
+                verified_digests=request.verified_digests,
             )
         except ValueError as exc:
             raise ExecutionError(f"artifact {request.artifact_dir}: {exc}", reason=c.REASON_RESTORE_FAILED) from exc
@@ -105,3 +107,22 @@ class EngineExecutor:
         from podsnap import engine
 
         engine.remove_artifact(artifact_dir)
+
+    def artifact_files(self, artifact: Path, digest: str) -> list[tuple[str, int]]:
+        from podsnap import engine
+
+        try:
+            manifest = engine.read_manifest(artifact, expected_digest=digest)
+            own = (artifact / engine.MANIFEST_NAME).lstat().st_size
+        except (engine.EngineError, OSError, ValueError) as exc:
+            raise ArtifactUnusable(str(exc)) from exc
+        return [(engine.MANIFEST_NAME, own), *((f.path, f.size) for f in manifest.files)]
+
+    def verify_artifact(self, artifact: Path, digest: str) -> int:
+        from podsnap import engine
+
+        try:
+            manifest = engine.read_manifest(artifact, expected_digest=digest)
+            return engine.verify(artifact, manifest) + (artifact / engine.MANIFEST_NAME).lstat().st_size
+        except (engine.EngineError, OSError, ValueError) as exc:
+            raise ArtifactUnusable(str(exc)) from exc

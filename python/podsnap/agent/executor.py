@@ -86,6 +86,11 @@ class RestoreRequest:
     #: the manifest digest recorded when the artifact was captured (its PodSnapshotContent's status): the
     #: artifact is trusted only through it
     expected_digest: str = ""
+    #: the PodSnapshotContent the artifact belongs to (with expected_digest, the node cache's key)
+    content: str = ""
+    #: every file of `artifact_dir` was verified against `expected_digest` and nobody untrusted could write
+    #: it since (the agent's node-local cache): the restore hashes nothing again
+    verified_digests: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,8 @@ class RestoreResult:
     pids: tuple[int, ...]
     #: phase -> milliseconds, as the engine measured them (the pod's restore-timings annotation)
     timings_ms: dict[str, float] = field(default_factory=dict)
+    #: where the artifact was read: "volume" (the shared artifact volume) or "cache" (the node's own copy)
+    source: str = "volume"
 
 
 class Executor(Protocol):
@@ -106,3 +113,13 @@ class Executor(Protocol):
         ...
 
     def remove(self, artifact_dir: Path) -> None: ...
+
+    def artifact_files(self, artifact: Path, digest: str) -> list[tuple[str, int]]:
+        """(relative path, size) of manifest.json and every file the manifest `digest` names lists;
+        ArtifactUnusable when manifest.json is not that manifest."""
+        ...
+
+    def verify_artifact(self, artifact: Path, digest: str) -> int:
+        """Check every file of `artifact` (digests included) against the manifest `digest` names; the
+        bytes checked. ArtifactUnusable on any mismatch."""
+        ...

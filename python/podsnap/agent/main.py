@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
-import functools
+import asyncio
+import contextlib
+import logging
 import os
+import threading
+from collections.abc import Iterator
 
 from podsnap import contract as c
+from podsnap.agent.cache import ArtifactCache, CacheMetrics, IOGate
+from podsnap.agent.cached_executor import CachingExecutor, Filler
 from podsnap.agent.config import AgentConfig
 from podsnap.agent.executor import Executor
 from podsnap.agent.handlers import registry
 from podsnap.agent.metrics import AgentMetrics
+from podsnap.agent.on_prefetch import prefetch_loop
 from podsnap.agent.runtime import AgentContext
 from podsnap.kube import entrypoint
 from podsnap.kube.client import Credentials, Kube
 from podsnap.kube.tokens import TokenKey
+
+log = logging.getLogger(__name__)
 
 
 def engine_executor(config: AgentConfig) -> Executor:
@@ -24,22 +33,71 @@ def engine_executor(config: AgentConfig) -> Executor:
 
 
 def build_context(config: AgentConfig, executor: Executor | None = None) -> AgentContext:
-    """`executor` defaults to the engine; tests that cannot run CRIU pass a recording stand-in."""
+    """`executor` defaults to the engine; tests that cannot run CRIU pass a recording stand-in. With a
+    cache directory configured, restores go through the node-local artifact cache."""
     if executor is None:
         executor = engine_executor(config)
     credentials = Credentials.load(config.kubeconfig)
+    metrics = AgentMetrics()
+    cache = filler = None
+    if config.cache_dir is not None:
+        cache = ArtifactCache(
+            config.cache_dir,
+            executor,
+            max_bytes=config.cache_max_bytes,
+            min_free_percent=config.cache_min_free_percent,
+            metrics=CacheMetrics(metrics.registry),
+        )
+        filler = Filler(cache, IOGate(), concurrency=max(1, config.prefetch_concurrency))
+        executor = CachingExecutor(executor, cache, filler)
     return AgentContext(
         config=config,
         credentials=credentials,
         kube=Kube(credentials.api_client()),
         executor=executor,
-        metrics=AgentMetrics(),
+        metrics=metrics,
         tokens=TokenKey.load(config.token_key_dir),
+        cache=cache,
+        filler=filler,
     )
 
 
-#: run(ctx, stop_flag=None, ready_flag=None): the handlers until stop_flag is set; tests run it in a thread
-run = functools.partial(entrypoint.run_kopf, registry)
+@contextlib.contextmanager
+def node_cache(ctx: AgentContext) -> Iterator[None]:
+    """The node cache while the agent runs: opened (half-done fills of an earlier agent removed), the
+    prefetch watch beside the agent's own loop, and every fill ended when the agent stops."""
+    if ctx.cache is None or ctx.filler is None:
+        yield
+        return
+    cache = ctx.cache.open()
+    config = ctx.config
+    log.info(
+        "artifact cache at %s: %d of at most %d bytes, keeping %d%% of its filesystem free; prefetch %s",
+        cache.root,
+        cache.used_bytes,
+        cache.max_bytes,
+        cache.min_free_percent,
+        f"{config.prefetch_concurrency} at a time" if config.prefetch_concurrency else "off",
+    )
+    try:
+        if config.prefetch_concurrency:
+            with prefetch_loop(ctx):
+                yield
+        else:
+            yield
+    finally:
+        ctx.filler.stop()
+
+
+async def run(
+    ctx: AgentContext,
+    *,
+    stop_flag: asyncio.Event | threading.Event | None = None,
+    ready_flag: asyncio.Event | threading.Event | None = None,
+) -> None:
+    """The handlers until stop_flag is set (tests run it in a thread), with the node cache when configured."""
+    with node_cache(ctx):
+        await entrypoint.run_kopf(registry, ctx, stop_flag=stop_flag, ready_flag=ready_flag)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         config.kubeconfig = args.kubeconfig
     entrypoint.configure_logging(config.log_level, verbose=args.verbose)
     ctx = build_context(config)
-    return entrypoint.serve(registry, ctx)
+    ctx.metrics.serve(config.metrics_port)
+    asyncio.run(run(ctx))
+    return 0
 
 
 if __name__ == "__main__":

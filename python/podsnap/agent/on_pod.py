@@ -221,6 +221,7 @@ def restore(
             placeholder_root_pid=procs.root,
             artifact_dir=artifact.path,
             expected_digest=artifact.digest,
+            content=artifact.content,
             skip_compat=claims.skip_compat,
             node=ctx.config.node_name,
         )
@@ -250,6 +251,8 @@ def restore(
         _fail(ctx, pod, c.REASON_RESTORE_FAILED, f"{type(exc).__name__}: {exc}", ctl)
         return
     elapsed = time.monotonic() - started
+    if result.source == "cache":
+        snapshot = f"{snapshot} (node cache)"
     timings = c.format_timings({**result.timings_ms, c.TIMING_AGENT_TOTAL: elapsed * 1000})
     annotations = {c.ANNOTATION_RESTORED_CONTAINER_IDS: cid, c.ANNOTATION_RESTORE_TIMINGS: timings}
     ctx.kube.core.patch_namespaced_pod(meta["name"], meta["namespace"], {"metadata": {"annotations": annotations}})

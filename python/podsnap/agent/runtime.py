@@ -8,6 +8,8 @@ from typing import Any
 
 import kopf
 
+from podsnap.agent.cache import ArtifactCache
+from podsnap.agent.cached_executor import Filler
 from podsnap.agent.config import AgentConfig
 from podsnap.agent.executor import Executor
 from podsnap.agent.metrics import AgentMetrics
@@ -35,6 +37,9 @@ class AgentContext:
     #: content name -> when its artifact was last checked (time.monotonic)
     checked: dict[str, float] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: the node-local artifact cache and its background fills (None: no cache configured)
+    cache: ArtifactCache | None = None
+    filler: Filler | None = None
 
 
 def ctx_of(memo: Any) -> AgentContext:

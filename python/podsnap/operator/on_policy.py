@@ -17,6 +17,7 @@ from podsnap.kube import conditions
 from podsnap.kube.client import Kube, get_or_none, require_ns
 from podsnap.kube.conditions import Condition
 from podsnap.kube.events import event
+from podsnap.operator import prefetch
 from podsnap.operator.capture_job import is_terminal as job_terminal
 from podsnap.operator.policy import (
     Attempt,
@@ -209,6 +210,8 @@ def reconcile(ctx: OperatorContext, body: Mapping[str, Any], patch: kopf.Patch, 
     hold = should_hold(policy, ready=out.ready, failed=bool(out.failure), attempt=attempt.number, target=target)
     fields["holding"] = hold
     _set_condition(body, patch, _condition(policy, out, attempt, h), fields)
+    # every node's agent copies a Ready checkpoint into its node cache before the first restore pod arrives
+    prefetch.sync(ctx, namespace, name, before=status.get("checkpointName"), now=out.checkpoint, ready=out.ready)
     _hold_or_release(ctx, body=body, policy=policy, target=target, hold=hold, fields=fields, logger=logger)
 
 
@@ -298,6 +301,8 @@ def policy_delete(
     if target is not None and (change := release_patch(target)) is not None:
         # without its policy the workload serves cold rather than stay at zero
         patch_target(ctx.kube, policy.kind, policy.target, namespace, change)
+    if checkpoint := (body.get("status") or {}).get("checkpointName"):
+        prefetch.release(ctx, namespace, name, checkpoint)
     if policy.deletion != c.DELETION_POLICY_DELETE or policy.checkpoint_ref:
         return
     selector = f"{c.LABEL_POLICY}={name}"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -27,6 +27,8 @@ class OperatorContext:
     #: signs the tokens of the pods podsnap makes (capture Jobs, restore pods) and verifies capture tokens
     tokens: TokenKey
     server_minor: int = 0
+    #: policy `namespace/name` -> (checkpoint, content) whose prefetch label this process set (operator/prefetch.py)
+    prefetch_marked: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     @property
     def scheduling_gates(self) -> bool:
