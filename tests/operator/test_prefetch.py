@@ -9,6 +9,7 @@ tests/support/recording.py); the real engine's artifacts through the cache are i
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,6 @@ import pytest
 from podsnap import contract as c
 from podsnap.agent import main as agent_main
 from podsnap.agent.cache import CacheKey
-from podsnap.agent.config import AgentConfig
 from podsnap.agent.runtime import AgentContext
 from tests.support.harness import KopfThread, cgroups_writable, cond_is
 from tests.support.operator_env import (
@@ -41,12 +41,9 @@ pytestmark = pytest.mark.skipif(cgroups_writable() is not None, reason=str(cgrou
 @pytest.fixture(scope="module")
 def agent_b(env: Env, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KopfThread]:
     """node-b's agent, with a node cache and prefetch, on the same artifact volume as node-a's."""
-    config = AgentConfig(
+    config = dataclasses.replace(
+        env.agent_ctx.config,  # the same volume, credentials and token key as node-a's agent
         node_name=OTHER_NODE,
-        kubeconfig=str(env.agent_kubeconfig),
-        artifact_root=env.artifact_root,
-        metrics_port=0,
-        health_port=0,
         cache_dir=tmp_path_factory.mktemp("node-b") / "cache",
         cache_max_bytes=1 << 30,
         cache_min_free_percent=0,
