@@ -113,7 +113,8 @@ def test_a_ready_policy_prefetches_its_checkpoint_into_other_nodes_caches(
         lambda: [e for e in events_of(env, name) if e.reason == c.REASON_PREFETCHED], what="a Prefetched Event"
     )
     assert OTHER_NODE in prefetched[0].message
-    assert b.cache.metrics.fills.labels("filled")._value.get() == 1
+    assert b.cache.metrics.fills.labels("filled")._value.get() >= 1  # other tests' Ready policies' too
+    hits = b.cache.metrics.hits._value.get()
 
     # the first replica lands on node-b: restored from the node cache
     env.cluster.kube.apps.patch_namespaced_deployment("web", ns, {"spec": {"replicas": 1}})
@@ -138,7 +139,7 @@ def test_a_ready_policy_prefetches_its_checkpoint_into_other_nodes_caches(
     assert isinstance(inner, RecordingExecutor)
     (call,) = inner.of("restore", pod_name, ns)
     assert call.request.artifact_dir == cached and call.request.verified_digests
-    assert b.cache.metrics.hits._value.get() == 1
+    assert b.cache.metrics.hits._value.get() == hits + 1
 
     # the policy goes: so does the label (the entry stays, first in line for eviction)
     env.cluster.kube.custom.delete_namespaced_custom_object(c.GROUP, c.VERSION, ns, c.PLURAL_SNAPSHOT_POLICIES, "pol")
