@@ -17,9 +17,9 @@ from podsnap.agent.cache import ArtifactCache, ArtifactMismatch, CacheKey, Cache
 from podsnap.agent.cached_executor import CachingExecutor, Filler
 from podsnap.agent.engine_executor import EngineExecutor
 from podsnap.agent.executor import CaptureRequest, PodRef, RestoreRequest
-from podsnap.engine import proctree
-from tests.engine.helpers import Pod, http_get
+from podsnap.engine import _proctree as proctree  # white-box: pid namespace introspection
 from tests.support.criu import criu_or_skip
+from tests.support.processes import Pod, http_get
 
 pytestmark = pytest.mark.slow
 CONTENT = "podsnapshotcontent-cache-test"

@@ -10,9 +10,9 @@ import pytest
 
 from podsnap.agent.engine_executor import EngineExecutor
 from podsnap.agent.executor import CaptureRequest, ExecutionError, IncompatibleError, PodRef, RestoreRequest
-from podsnap.engine import proctree
-from tests.engine.helpers import Pod, http_get
+from podsnap.engine import _proctree as proctree  # white-box: pid namespace introspection
 from tests.support.criu import criu_or_skip
+from tests.support.processes import Pod, http_get
 
 pytestmark = pytest.mark.slow
 

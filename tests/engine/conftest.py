@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.criu import criu  # noqa: F401  (the one CRIU fixture)
-
-from .helpers import Worker
+from tests.support.processes import Worker
 
 
 @pytest.fixture

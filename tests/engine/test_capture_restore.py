@@ -22,8 +22,7 @@ from podsnap.engine import (
     restore,
 )
 from podsnap.engine import _proctree as proctree
-
-from .helpers import Worker, http_get
+from tests.support.processes import Worker, http_get
 
 pytestmark = pytest.mark.slow
 

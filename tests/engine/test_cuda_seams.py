@@ -11,8 +11,8 @@ import pytest
 
 from podsnap.engine import CaptureError, Criu, CudaError, RestoreError, capture, restore
 from podsnap.engine import _proctree as proctree
+from tests.support.processes import Worker, http_get
 
-from .helpers import Worker, http_get
 from .test_capture_restore import _failing_criu
 
 pytestmark = pytest.mark.slow

@@ -31,8 +31,7 @@ from podsnap.engine import (
 )
 from podsnap.engine import _proctree as proctree
 from podsnap.engine._manifest import CHUNK_BYTES
-
-from .helpers import Worker, http_get
+from tests.support.processes import Worker, http_get
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,7 @@ import pytest
 
 from podsnap.engine import CaptureError, CaptureOptions, Criu, RestoreOptions, capture, restore
 from podsnap.engine import _proctree as proctree
-
-from .helpers import Pod, http_get
+from tests.support.processes import Pod, http_get
 
 pytestmark = pytest.mark.slow
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from podsnap import contract
+from podsnap.controldir import ControlDir
 from podsnap.workload import (
     ControlDirError,
     QuiesceError,
@@ -28,6 +29,34 @@ def wait_for(path: Path, timeout: float = 5.0) -> None:
     while not path.exists():
         assert time.monotonic() < deadline, f"{path} never appeared"
         time.sleep(0.01)
+
+
+class Polls:
+    """Counts the worker's polls for restore-complete, so a test can wait for "it looked N times and kept
+    waiting" instead of sleeping a fixed time (which proves nothing on a slow machine)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        real = ControlDir.exists
+
+        def counting(ctl: ControlDir, name: str) -> bool:
+            if name == contract.FILE_RESTORE_COMPLETE:
+                self.count += 1
+            return real(ctl, name)
+
+        monkeypatch.setattr(ControlDir, "exists", counting)
+
+    def wait(self, n: int = 5, timeout: float = 5.0) -> None:
+        start = self.count
+        deadline = time.monotonic() + timeout
+        while self.count < start + n:
+            assert time.monotonic() < deadline, f"the worker polled {self.count - start} times in {timeout:g} s"
+            time.sleep(0.005)
+
+
+@pytest.fixture
+def polls(monkeypatch: pytest.MonkeyPatch) -> Polls:
+    return Polls(monkeypatch)
 
 
 class Worker(threading.Thread):
@@ -68,7 +97,7 @@ def test_without_a_control_dir_it_is_a_plain_cold_start(monkeypatch: pytest.Monk
 
 
 def test_ready_is_written_after_every_quiesce_hook_then_resume_hooks_run_in_order(
-    control: Path, monkeypatch: pytest.MonkeyPatch
+    polls: Polls, control: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("POD_IP", "10.0.0.1")
     ready = control / contract.FILE_READY_FOR_SNAPSHOT
@@ -92,7 +121,7 @@ def test_ready_is_written_after_every_quiesce_hook_then_resume_hooks_run_in_orde
     assert body["pid"] == os.getpid()
     # no temporary file is left next to it: the write was a rename
     assert sorted(p.name for p in control.iterdir()) == [contract.FILE_READY_FOR_SNAPSHOT]
-    time.sleep(0.1)
+    polls.wait()
     assert worker.is_alive(), "returned before restore-complete"
 
     ctx = contract.RestoreContext(env={"POD_IP": "10.0.0.99", "POD_NAME": "worker-7"})
@@ -109,13 +138,13 @@ def test_ready_is_written_after_every_quiesce_hook_then_resume_hooks_run_in_orde
     assert worker.info.restored is False
 
 
-def test_a_stale_restore_complete_does_not_end_the_wait(control: Path) -> None:
+def test_a_stale_restore_complete_does_not_end_the_wait(polls: Polls, control: Path) -> None:
     (control / contract.FILE_RESTORE_COMPLETE).write_text("")
     (control / contract.FILE_RESTORE_CONTEXT).write_text('{"version": 1, "env": {"OLD": "1"}}')
     worker = Worker(SnapshotControl(control, poll_interval_s=0.01))
     worker.start()
     wait_for(control / contract.FILE_READY_FOR_SNAPSHOT)
-    time.sleep(0.1)
+    polls.wait()
     assert worker.is_alive()
     (control / contract.FILE_RESTORE_COMPLETE).write_text("")
     worker.join(5)
@@ -216,7 +245,9 @@ def test_a_control_dir_that_does_not_exist_is_a_clear_error(tmp_path: Path) -> N
         SnapshotControl(environ={contract.ENV_CONTROL_DIR: str(missing)})
 
 
-def test_a_frozen_gap_does_not_count_toward_the_timeout(control: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_frozen_gap_does_not_count_toward_the_timeout(
+    polls: Polls, control: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A capture freezes the process; after the restore the clock has jumped. That jump is not waiting."""
     real = time.monotonic
     jump = {"offset": 0.0}
@@ -226,7 +257,7 @@ def test_a_frozen_gap_does_not_count_toward_the_timeout(control: Path, monkeypat
     worker.start()
     wait_for(control / contract.FILE_READY_FOR_SNAPSHOT)
     jump["offset"] = 3600.0
-    time.sleep(0.1)
+    polls.wait()
     (control / contract.FILE_RESTORE_COMPLETE).write_text("")
     worker.join(5)
     assert worker.error is None

@@ -90,11 +90,18 @@ def test_orphans_are_reaped_while_the_child_runs(tmp_path: Path) -> None:
     # the child forks grandchildren and exits them without waiting; as a subreaper podsnap-run adopts
     # them (like PID 1 in a container) and must leave no zombie behind
     started = tmp_path / "started"
-    script = f"(sleep 0.1 &) ; (sleep 0.1 &) ; echo $$ > {started}; sleep 3"
+    orphans = tmp_path / "orphans"
+    script = f"(sleep 0.1 & echo $! >> {orphans}) ; (sleep 0.1 & echo $! >> {orphans}) ; echo $$ > {started}; sleep 30"
     p = subprocess.Popen([*as_subreaper(), "--", "sh", "-c", script], env=env())
     wait_for(started)
-    time.sleep(1.0)
+    pids = [int(x) for x in orphans.read_text().split()]
+    assert len(pids) == 2
     try:
+        # a zombie keeps its /proc entry: gone means exited AND reaped, by podsnap-run (their reaper)
+        deadline = time.monotonic() + 10
+        while any(Path(f"/proc/{pid}").exists() for pid in pids):
+            assert time.monotonic() < deadline, f"orphans not reaped: {zombies_of(p.pid)}"
+            time.sleep(0.02)
         assert zombies_of(p.pid) == []
     finally:
         p.terminate()

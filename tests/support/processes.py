@@ -1,4 +1,4 @@
-"""Helpers of the engine tests: detached tiny workers and HTTP probes."""
+"""Real processes for the engine and agent tests: detached tiny workers, pod-like sandboxes, HTTP probes."""
 
 from __future__ import annotations
 
