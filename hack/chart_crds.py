@@ -111,6 +111,16 @@ SOURCE_STATUS: Schema = obj(
         "arch": {"type": "string"},
         "glibc": {"type": "string"},
         "driver": {"type": "string", "description": "NVIDIA driver version; empty on CPU-only captures."},
+        "imageID": {
+            "type": "string",
+            "description": "Image ID (digest) of the captured container; restore containers must run the same (gate image-digest).",
+        },
+        "memoryLimitBytes": {
+            "type": "integer",
+            "format": "int64",
+            "minimum": 0,
+            "description": "Memory limit of the captured container; restore containers need at least this (gate memory-limit).",
+        },
         "gpus": {
             "type": "array",
             "items": obj(

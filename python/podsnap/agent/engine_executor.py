@@ -53,7 +53,15 @@ class EngineExecutor:
             namespace_pid=request.root_pid,
             criu=engine.CriuOptions(tcp="close"),
             log_dir=self.log_dir,
-            extra={"pod": {"namespace": pod.namespace, "name": pod.name, "uid": pod.uid, "container": pod.container}},
+            extra={
+                "pod": {
+                    "namespace": pod.namespace,
+                    "name": pod.name,
+                    "uid": pod.uid,
+                    "container": pod.container,
+                    **request.source_facts,
+                }
+            },
         )
         try:
             result = engine.capture(request.root_pid, request.artifact_dir, options)
@@ -75,6 +83,7 @@ class EngineExecutor:
                 namespace_pid=request.placeholder_root_pid,
                 cgroup_root=self.cgroup_root,
                 skip_compat=request.skip_compat,
+                memory_limit_bytes=request.memory_limit_bytes,
                 criu=engine.CriuOptions(tcp="close"),
                 expected_manifest_digest=request.expected_digest or None,
                 log_dir=self.log_dir,

@@ -62,6 +62,8 @@ class CaptureRequest:
     #: where the artifact must end up (absolute; the executor stages next to it and renames into place)
     artifact_dir: Path
     node: str
+    #: the source container's image ID and memory limit (agent/gates.py), recorded with the artifact
+    source_facts: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,8 @@ class RestoreRequest:
     #: every file of `artifact_dir` was verified against `expected_digest` and nobody untrusted could write
     #: it since (the agent's node-local cache): the restore hashes nothing again
     verified_digests: bool = False
+    #: the restore container's memory limit (bytes), for the engine's memory-limit gate; None: no limit
+    memory_limit_bytes: int | None = None
 
 
 @dataclass(frozen=True)

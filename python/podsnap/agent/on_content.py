@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 import kopf
 
 from podsnap import contract as c
+from podsnap.agent import gates
 from podsnap.agent.authz import capture_source
 from podsnap.agent.containers import ContainerNotRunning, find_processes
 from podsnap.agent.executor import CaptureRequest, ExecutionError, PodRef
@@ -87,9 +88,11 @@ def content_capture(
         "kind": c.KIND_POD_SNAPSHOT,
         "metadata": {k: ref[k] for k in ("name", "namespace", "uid") if k in ref},
     }
-    # on the content (cluster-scoped, so its Events land in the default namespace) and on the snapshot users watch
+    # on the snapshot users watch, and on the content (cluster-scoped: its Events land in `default`, so they
+    # name no namespace)
+    public = f"capturing on {ctx.config.node_name}"
     for obj in (body, snapshot):
-        event(obj, type_="Normal", reason=c.REASON_CAPTURE_IN_PROGRESS, message=message)
+        event(obj, type_="Normal", reason=c.REASON_CAPTURE_IN_PROGRESS, message=message, public=public)
     logger.info(
         "capturing %s/%s (pids %s) into %s", request.pod.namespace, request.pod.name, request.pids, request.artifact_dir
     )
@@ -110,13 +113,12 @@ def content_capture(
         Condition(c.COND_FAILED, False, c.REASON_CAPTURE_COMPLETED, "captured"),
         # the artifact's directory is the content's spec.artifactPath: one place, written once by the operator
         artifact={"sizeBytes": result.size_bytes, "digest": result.digest},
-        source={"node": ctx.config.node_name, **result.source},
+        source={"node": ctx.config.node_name, **result.source, **request.source_facts},
         capturedAt=now_rfc3339(),
         captureTimingsMs=capture_timings(result.timings_ms, elapsed),
     )
-    event(
-        body, type_="Normal", reason=c.REASON_CAPTURE_COMPLETED, message=f"{result.size_bytes} bytes in {elapsed:.1f} s"
-    )
+    done = f"{result.size_bytes} bytes in {elapsed:.1f} s"
+    event(body, type_="Normal", reason=c.REASON_CAPTURE_COMPLETED, message=done, public=done)
 
 
 def capture_timings(engine_ms: Mapping[str, float], elapsed_s: float) -> dict[str, float]:
@@ -163,6 +165,7 @@ def _request(ctx: AgentContext, name: str, spec: Mapping[str, Any]) -> CaptureRe
         root_pid=procs.root,
         artifact_dir=artifact_dir(ctx.config.artifact_root, spec.get("artifactPath") or name),
         node=ctx.config.node_name,
+        source_facts=gates.source_facts(pod, container),
     )
 
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import kopf
 
 from podsnap import contract as c
-from podsnap.agent import control
+from podsnap.agent import control, gates
 from podsnap.agent.artifacts import invalidate
 from podsnap.agent.authz import Refused, restore_target
 from podsnap.agent.containers import ContainerNotRunning, environ_of, find_processes, ns_pid
@@ -154,6 +154,8 @@ class BoundArtifact:
     content: str
     path: Path
     digest: str
+    #: the content's status.source: the facts of the capture the restore gates compare
+    source: Mapping[str, Any] = field(default_factory=dict)
 
 
 def bound_artifact(ctx: AgentContext, namespace: str, snapshot: str) -> BoundArtifact:
@@ -187,7 +189,8 @@ def bound_artifact(ctx: AgentContext, namespace: str, snapshot: str) -> BoundArt
     digest = (status.get("artifact") or {}).get("digest")
     if not spec.get("artifactPath") or not digest:
         raise ExecutionError(f"{name} records no artifact path or digest", reason=c.REASON_RESTORE_FAILED)
-    return BoundArtifact(name, artifact_dir(ctx.config.artifact_root, spec["artifactPath"]), str(digest))
+    path = artifact_dir(ctx.config.artifact_root, spec["artifactPath"])
+    return BoundArtifact(name, path, str(digest), dict(status.get("source") or {}))
 
 
 def restore(
@@ -208,6 +211,11 @@ def restore(
         procs = find_processes(cid, ctx.config.proc_root)
         ctl = control.control_dir(procs.root, control_dir_of(spec_container), ctx.config.proc_root)
         artifact = bound_artifact(ctx, meta["namespace"], snapshot)
+        skipped = gates.check(pod, container, artifact.source, skip=claims.skip_compat)
+        if skipped:
+            log.warning(
+                "%s/%s: gates %s refused and were skipped (skipCompatCheck)", meta["namespace"], meta["name"], skipped
+            )
         container_env = environ_of(procs.root, ctx.config.proc_root)
         if not _claim(ctl):
             message = f"the container started its command cold before the restore (after {c.ENV_RESTORE_TIMEOUT})"
@@ -223,6 +231,7 @@ def restore(
             expected_digest=artifact.digest,
             content=artifact.content,
             skip_compat=claims.skip_compat,
+            memory_limit_bytes=gates.memory_limit_of(pod, container),
             node=ctx.config.node_name,
         )
         result = ctx.executor.restore(request)

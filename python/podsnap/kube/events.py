@@ -1,4 +1,10 @@
-"""Kubernetes Events about podsnap's objects and the pods it acts on."""
+"""Kubernetes Events about podsnap's objects and the pods it acts on.
+
+An Event of a cluster-scoped object (a PodSnapshotContent) is published in the `default` namespace,
+which many clusters let every user read. So such an Event never carries the message its caller wrote,
+which may name another namespace, its pods and snapshots: only `public`, a text its caller vouches
+for, or else the reason and where the details are (the object's status, readable only by those who may
+read the object)."""
 
 from __future__ import annotations
 
@@ -16,8 +22,11 @@ log = logging.getLogger(__name__)
 EVENT_MESSAGE_MAX = 1024
 
 
-def event(obj: Mapping[str, Any], *, type_: str, reason: str, message: str) -> None:
-    """A Kubernetes Event on `obj` (a body with apiVersion/kind/metadata); never fails the caller."""
+def event(obj: Mapping[str, Any], *, type_: str, reason: str, message: str, public: str | None = None) -> None:
+    """A Kubernetes Event on `obj` (a body with apiVersion/kind/metadata); never fails the caller. For a
+    cluster-scoped object the message is `public`, or a pointer to the object's status."""
+    if not (obj.get("metadata") or {}).get("namespace"):
+        message = public or f"{reason}: see the {obj.get('kind') or 'object'}'s status for the details"
     try:
         kopf.event(cast(kopf.Body, dict(obj)), type=type_, reason=reason, message=short(message, EVENT_MESSAGE_MAX))
     except Exception:  # an Event is best-effort by nature

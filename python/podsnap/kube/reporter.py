@@ -81,12 +81,15 @@ def report(
     write: ConditionWriter,
     warning: bool = False,
     count: Counter | None = None,
+    public: str | None = None,
 ) -> None:
-    """Set `updates` on `obj`, post an Event with the first update's reason and message, bump `count`."""
+    """Set `updates` on `obj`, post an Event with the first update's reason and message, bump `count`.
+    `public`: the Event's message when `obj` is cluster-scoped (podsnap.kube.events)."""
     if not updates:
         raise ValueError("report() needs at least one condition")
     write(updates)
     first = updates[0]
-    event(obj, type_="Warning" if warning else "Normal", reason=first.reason, message=first.message or first.reason)
+    message = first.message or first.reason
+    event(obj, type_="Warning" if warning else "Normal", reason=first.reason, message=message, public=public)
     if count is not None:
         count.inc()

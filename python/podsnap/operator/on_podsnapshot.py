@@ -21,7 +21,7 @@ from podsnap.operator.runtime import OperatorContext, ctx_of, registry
 
 SNAPSHOTS = (c.GROUP, c.VERSION, c.PLURAL_POD_SNAPSHOTS)
 CONTENTS = (c.GROUP, c.VERSION, c.PLURAL_POD_SNAPSHOT_CONTENTS)
-SOURCE_FIELDS = ("node", "kernel", "arch", "glibc", "driver", "gpus")
+SOURCE_FIELDS = ("node", "kernel", "arch", "glibc", "driver", "gpus", "imageID", "memoryLimitBytes")
 
 
 def snapshot_terminal(status: Mapping[str, Any] | None) -> bool:
@@ -237,7 +237,10 @@ def _collect_orphan(ctx: OperatorContext, body: Mapping[str, Any], logger: kopf.
             f"node {node} is gone, so no agent removed artifact {spec['artifactPath']} from the artifact volume; "
             "remove it from there by hand"
         )
-        event(body, type_="Warning", reason=REASON_ARTIFACT_LEFT, message=message)
+        # the path names the snapshot's namespace: the log has it, the Event (in `default`) only the node
+        public = f"node {node} is gone, so no agent removed this content's artifact; its path is in the operator's log"
+        event(body, type_="Warning", reason=REASON_ARTIFACT_LEFT, message=message, public=public)
+        logger.warning("%s", message)
     remove_finalizer(ctx, meta["name"], c.FINALIZER_CONTENT_ARTIFACT)
     logger.warning("finalized %s for its vanished node %s", meta["name"], node)
 
