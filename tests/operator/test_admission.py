@@ -4,11 +4,21 @@ the real API server over TLS, SubjectAccessReview against real RBAC), with a mes
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import threading
 from pathlib import Path
 from typing import Any
 
+import kopf
+import pytest
+from kopf._core.actions import invocation
+
 from podsnap import contract as c
+from podsnap.kube.entrypoint import MEMO_KEY
+from podsnap.kube.identity import username_from_token
 from podsnap.operator import main as operator_main
+from podsnap.operator import on_validate
 from tests.support.operator_env import Env, deployment, pod_template, podsnapshot, policy, snapshot_job
 from tests.support.users import User, denied, rule
 from tests.support.waiting import wait_for
@@ -125,3 +135,44 @@ def test_an_unreachable_webhook_refuses_podsnap_objects_instead_of_letting_them_
         env.operator.ctx = operator_main.build_context(env.operator_ctx.config)
         env.operator.start()
     assert env.cluster.get(c.PLURAL_SNAPSHOT_JOBS, "cap", ns) is None
+
+
+def test_the_webhook_answers_while_every_thread_of_the_operators_handlers_is_busy(env: Env, ns: str) -> None:
+    """The operator's sync handlers wait on kopf's thread pool for requests that come back through this webhook
+    (a policy's SnapshotJob, a job's PodSnapshot). With that pool full, a webhook that needed it too would wait
+    for itself until the API server gave up. kopf's own dispatch, with its pool blocked: the operator's request
+    is answered, and a user's is checked (on the webhook's own pool) and refused."""
+    release = threading.Event()
+    busy = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    busy.submit(release.wait)
+    settings = kopf.OperatorSettings()
+    settings.execution.executor = busy
+    memo = kopf.Memo({MEMO_KEY: env.operator_ctx})
+    body = {"metadata": {"name": "s", "namespace": ns}, "spec": {"source": {"podRef": {"name": "victim"}}}}
+
+    def validate(username: str | None) -> Any:
+        userinfo = {"username": username}
+        kwargs = {"body": body, "old": None, "operation": "CREATE", "userinfo": userinfo, "memo": memo}
+        return invocation.invoke(on_validate.validate_snapshot, settings=settings, kwargs=kwargs)
+
+    async def answer(username: str | None) -> BaseException | None:
+        task = asyncio.ensure_future(validate(username))
+        done, _ = await asyncio.wait({task}, timeout=10)
+        if not done:  # kopf never abandons a handler's thread: free the pool, then fail
+            release.set()
+            await asyncio.wait({task})
+            pytest.fail(f"the webhook waited for the operator's busy handler pool to answer {username}")
+        return task.exception()
+
+    async def both() -> None:
+        operator = username_from_token(env.operator_ctx.credentials.token)
+        assert operator, "the operator's token names its ServiceAccount"
+        assert await answer(operator) is None
+        refused = await answer(User(env.cluster, ns, "alice").username)
+        assert isinstance(refused, kopf.AdmissionError) and "may not get pods 'victim'" in str(refused)
+
+    try:
+        asyncio.run(both())
+    finally:
+        release.set()
+        busy.shutdown()

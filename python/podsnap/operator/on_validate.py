@@ -22,11 +22,19 @@ not checked again: the user was checked when the object that caused them was adm
 The webhook configuration's failurePolicy is Fail for these objects: an unreachable webhook must not
 reopen the hole. It only blocks creating podsnap objects while the operator is down, which cannot
 progress then anyway; pods and rollouts never wait on it.
+
+The handlers are coroutines, and their access reviews run on a pool of their own: the operator's own
+requests come back through this webhook while a handler of the operator waits for them on kopf's
+thread pool, so a webhook that needed that pool too could wait for itself (seen as "context deadline
+exceeded" when the pool was busy).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import asyncio
+import concurrent.futures
+import functools
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Literal
 
 import kopf
@@ -126,8 +134,12 @@ def check(
     )
 
 
-def _handler(kind: str, rights_of: RightsOf) -> Callable[..., None]:
-    def validate(
+#: where access reviews wait for the API server: never kopf's pool for sync handlers (see above)
+REVIEWS = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="podsnap-access-review")
+
+
+def _handler(kind: str, rights_of: RightsOf) -> Callable[..., Coroutine[Any, Any, None]]:
+    async def validate(
         *,
         body: kopf.Body,
         old: kopf.Body | None,
@@ -136,15 +148,13 @@ def _handler(kind: str, rights_of: RightsOf) -> Callable[..., None]:
         memo: Any,
         **_: Any,
     ) -> None:
-        check(
-            ctx_of(memo),
-            kind=kind,
-            rights_of=rights_of,
-            body=body,
-            old=old,
-            operation=operation,
-            userinfo=userinfo,
+        ctx = ctx_of(memo)
+        if is_self(ctx, Requester.from_userinfo(userinfo)):
+            return  # answered at once, on the event loop
+        call = functools.partial(
+            check, ctx, kind=kind, rights_of=rights_of, body=body, old=old, operation=operation, userinfo=userinfo
         )
+        await asyncio.get_running_loop().run_in_executor(REVIEWS, call)
 
     return validate
 
