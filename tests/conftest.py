@@ -24,6 +24,17 @@ __all__ = ["REPO", "TOOLS_BIN", "ControlPlaneFactory", "gpu_missing_reason", "re
 pytest_plugins = ["tests.support.required_suites"]
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    # the e2e suite's one option of its own (tests/e2e/support/config.py); declared here, the conftest
+    # pytest always loads, so `pytest tests --e2e-worker gpu` works as well as `pytest tests/e2e ...`
+    parser.getgroup("podsnap e2e").addoption(
+        "--e2e-worker",
+        choices=("cpu", "gpu"),
+        default=None,
+        help="the e2e demo worker: cpu (default) or gpu (podsnap-demo-gpu on one nvidia.com/gpu)",
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     reason = gpu_missing_reason()
     if reason is not None:

@@ -23,10 +23,19 @@ API_PORT=16443
 NODE_NAME=podsnap-node
 CONTAINERD_SOCK=/run/containerd/containerd.sock
 # The components, in start order; down.sh stops them in reverse.
-COMPONENTS=(containerd etcd kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet)
-# The images up.sh imports; build-images.sh writes all of them into $IMAGES_ARCHIVE.
+COMPONENTS=(docker-registry containerd etcd kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet)
+# build-images.sh writes localhost/podsnap-{operator,agent,demo}:dev and localhost/pause:dev into $IMAGES_ARCHIVE.
 IMAGE_TAG=dev
-IMAGES=(localhost/podsnap-operator:$IMAGE_TAG localhost/podsnap-agent:$IMAGE_TAG localhost/podsnap-demo:$IMAGE_TAG localhost/pause:$IMAGE_TAG)
+# podsnap's images reach the node the way a user's do: `make images` + `make images-push` (hack/images.sh)
+# into a real registry (Debian's docker-registry, the distribution registry) on this machine, and the
+# kubelet pulls them. Only the pod sandbox image (pause) is imported straight into containerd.
+REGISTRY_LISTEN=127.0.0.1:5000
+REGISTRY_HOST=localhost:5000
+REGISTRY=$REGISTRY_HOST/podsnap          # image.registry of overlays/local-cluster/values.yaml
+REGISTRY_DIR=$CLUSTER_DIR/registry       # the registry's storage
+PUSH_DIR=$CLUSTER_DIR/images             # hack/images.sh's archives for the cluster (PODSNAP_IMAGES_DIR)
+IMAGE_NAMES=(podsnap-operator podsnap-agent podsnap-demo)
+PAUSE_IMAGE=localhost/pause:$IMAGE_TAG
 
 clog() { printf '[cluster] %s\n' "$*" >&2; }
 need_root() { [ "$(id -u)" = 0 ] || die "the local cluster needs root (containerd, kubelet, iptables): run as root"; }

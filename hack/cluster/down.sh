@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Stops the local cluster started by up.sh: by pid files only (never by process name), then removes
 # the pods' leftovers (containerd tasks and containers, network namespaces, mounts, links, iptables
-# rules). --wipe also removes its state (etcd, PKI, kubelet and containerd roots, artifacts volume);
+# rules) and the registry. --wipe also removes its state (etcd, PKI, kubelet and containerd roots,
+# artifacts volume, the registry's storage);
 # the image and kube-proxy caches in $PODSNAP_CACHE stay.
 # usage: hack/cluster/down.sh [--wipe]
 set -uo pipefail
@@ -31,6 +32,7 @@ if pid_alive containerd; then
   for c in $(ctr -n k8s.io containers ls -q 2>/dev/null); do ctr -n k8s.io containers rm "$c" >/dev/null 2>&1; done
 fi
 stop containerd
+stop docker-registry
 # shim processes whose task is gone exit by themselves; mounts the kubelet and containerd left behind:
 grep -oE " ($CLUSTER_DIR/(kubelet|containerd)|/run/containerd|/run/netns/cni-)[^ ]*" /proc/mounts | sort -r | uniq |
   while read -r m; do umount -l "$m" 2>/dev/null; done
@@ -45,7 +47,7 @@ iptables -t mangle -F PODSNAP-NO-EGRESS 2>/dev/null && iptables -t mangle -X POD
 rm -rf "$CLUSTER_DIR/cni/ipam"
 if [ $WIPE = 1 ]; then
   rm -rf "$CLUSTER_DIR/etcd" "$PKI" "$KUBECONFIG_PATH" "$CLUSTER_DIR/kubelet" "$CLUSTER_DIR/containerd" \
-    "$CLUSTER_DIR/volumes" "$CLUSTER_DIR/etc" "$CLUSTER_DIR/cni" "$LOGS" "$RUN"
+    "$CLUSTER_DIR/volumes" "$CLUSTER_DIR/etc" "$CLUSTER_DIR/cni" "$CLUSTER_DIR/registry" "$CLUSTER_DIR/images" "$LOGS" "$RUN"
   clog "down, state wiped ($CLUSTER_DIR)"
 else
   clog "down (state kept in $CLUSTER_DIR; --wipe removes it)"

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# A real single-node Kubernetes 1.20 on this machine, no Docker and no registry:
-# containerd + runc + CNI bridge (Debian), etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kube-proxy (iptables) and a kubelet, as plain background processes with pid files.
-# Imports the locally built images (hack/cluster/build-images.sh) into containerd's k8s.io namespace,
-# creates the default StorageClass + an RWX hostPath volume for the artifact PVC, prints the
-# kubeconfig path and timings. Idempotent: a second run on a healthy cluster is a fast no-op, and
-# only missing components are (re)started.
+# A real single-node Kubernetes 1.20 on this machine, no Docker: containerd + runc + CNI bridge
+# (Debian), a distribution registry (Debian's docker-registry) on localhost:5000, etcd,
+# kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy (iptables) and a kubelet, as
+# plain background processes with pid files.
+# podsnap's images take the user's path: built (hack/cluster/build-images.sh), exported and pushed by
+# hack/images.sh (`make images`, `make images-push REGISTRY=localhost:5000/podsnap`), pulled by the
+# kubelet; only the sandbox image (pause) is imported into containerd. Creates the default
+# StorageClass + an RWX hostPath volume for the artifact PVC, prints the kubeconfig path and timings.
+# Idempotent: a second run on a healthy cluster is a fast no-op, and only missing components are
+# (re)started.
 # usage: hack/cluster/up.sh [--no-images]
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
@@ -20,19 +23,28 @@ exec 9>"$CLUSTER_DIR/.lock"; flock 9   # one up/down at a time
 api_ready() { [ -f "$KUBECONFIG_PATH" ] && kc get --raw /readyz >/dev/null 2>&1; }
 node_ready() { kc get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null | grep -q True; }
 all_alive() { local c; for c in "${COMPONENTS[@]}"; do pid_alive "$c" || return 1; done; }
-images_current() {
-  [ $WANT_IMAGES = 0 ] && return 0
-  [ -f "$IMAGES_ARCHIVE.sha256" ] && [ "$(cat "$CLUSTER_DIR/containerd/podsnap-imported" 2>/dev/null)" = "$(cat "$IMAGES_ARCHIVE.sha256")" ]
+registry_ready() { curl -fsS -o /dev/null "http://$REGISTRY_LISTEN/v2/" 2>/dev/null; }
+# registry_has: the registry serves every podsnap image under $IMAGE_TAG (the storage can be wiped apart)
+registry_has() {
+  local n
+  for n in "${IMAGE_NAMES[@]}"; do
+    curl -fsS -o /dev/null -H 'Accept: application/vnd.docker.distribution.manifest.v2+json' \
+      "http://$REGISTRY_LISTEN/v2/${REGISTRY#*/}/$n/manifests/$IMAGE_TAG" 2>/dev/null || return 1
+  done
 }
+PAUSE_KEY=$(sha256sum <"$CLUSTER_SRC/pause.c" | cut -c1-16)
+pause_current() { [ "$(cat "$CLUSTER_DIR/containerd/pause-imported" 2>/dev/null)" = "$PAUSE_KEY" ]; }
+pushed_current() { [ -f "$IMAGES_ARCHIVE.sha256" ] && [ "$(cat "$REGISTRY_DIR/podsnap-pushed" 2>/dev/null)" = "$(cat "$IMAGES_ARCHIVE.sha256")" ] && registry_has; }
+images_current() { [ $WANT_IMAGES = 0 ] || { pause_current && pushed_current; }; }
 
 # --- images first: a fast no-op when nothing changed, a thin app layer when only podsnap changed ---
-if [ $WANT_IMAGES = 1 ]; then "$CLUSTER_SRC/build-images.sh"; step "images built"; fi
+if [ $WANT_IMAGES = 1 ]; then "$CLUSTER_SRC/build-images.sh" >/dev/null; step "images built"; fi
 if all_alive && api_ready && node_ready && images_current; then
   step "already up and healthy"; echo "KUBECONFIG=$KUBECONFIG_PATH"; exit 0
 fi
 
 # --- binaries and host packages ---------------------------------------------------------------
-apt_install containerd runc containernetworking-plugins iptables conntrack bc openssl util-linux
+apt_install containerd runc containernetworking-plugins iptables conntrack bc openssl util-linux curl docker-registry skopeo
 for b in kube-apiserver kube-controller-manager kube-scheduler kubelet; do
   kube_bin "$b" >/dev/null || die "$b missing: run hack/setup.sh (builds Kubernetes 1.20 into $PODSNAP_CACHE)"
 done
@@ -65,20 +77,59 @@ echo "nameserver 127.0.0.1" >"$CLUSTER_DIR/etc/resolv.conf"
 step "network ready"
 
 # --- containerd -------------------------------------------------------------------------------------
+mkdir -p "$CLUSTER_DIR/etc/certs.d/$REGISTRY_HOST"
+# the local registry speaks plain HTTP (containerd's registry hosts config, `config_path`)
+printf 'server = "http://%s"\n[host."http://%s"]\n  capabilities = ["pull", "resolve"]\n' "$REGISTRY_HOST" "$REGISTRY_HOST" \
+  >"$CLUSTER_DIR/etc/certs.d/$REGISTRY_HOST/hosts.toml"
+sed "s#@CLUSTER_DIR@#$CLUSTER_DIR#g" "$CLUSTER_SRC/containerd-config.toml" >"$CLUSTER_DIR/etc/containerd.toml.new"
+if pid_alive containerd && ! cmp -s "$CLUSTER_DIR/etc/containerd.toml.new" "$CLUSTER_DIR/etc/containerd.toml"; then
+  # started with another configuration (e.g. before the registry existed): restart it; the pods'
+  # containers run under their shims and stay
+  pid=$(cat "$RUN/containerd.pid"); kill "$pid"
+  for _ in $(seq 100); do pid_alive containerd || break; sleep 0.1; done
+  pid_alive containerd && die "containerd (pid $pid) did not stop for its new configuration"
+  step "containerd stopped (configuration changed)"
+fi
+mv "$CLUSTER_DIR/etc/containerd.toml.new" "$CLUSTER_DIR/etc/containerd.toml"
 if ! pid_alive containerd; then
-  sed "s#@CLUSTER_DIR@#$CLUSTER_DIR#g" "$CLUSTER_SRC/containerd-config.toml" >"$CLUSTER_DIR/etc/containerd.toml"
-  # no registry is reachable or wanted: every pull goes to a proxy that is not there and fails at once
-  start_bg containerd env HTTP_PROXY=http://127.0.0.1:9 HTTPS_PROXY=http://127.0.0.1:9 NO_PROXY= \
-    containerd --config "$CLUSTER_DIR/etc/containerd.toml"
+  # every registry but this machine's is unreachable on purpose: pulls from anywhere else go to a
+  # proxy that is not there and fail at once; the local registry is reached directly
+  start_bg containerd env HTTP_PROXY=http://127.0.0.1:9 HTTPS_PROXY=http://127.0.0.1:9 \
+    NO_PROXY="localhost,127.0.0.1" no_proxy="localhost,127.0.0.1" containerd --config "$CLUSTER_DIR/etc/containerd.toml"
   for _ in $(seq 100); do ctr version >/dev/null 2>&1 && break; sleep 0.1; done
   ctr version >/dev/null 2>&1 || { tail -20 "$LOGS/containerd.log" >&2; die "containerd did not start (log: $LOGS/containerd.log)"; }
 fi
 step "containerd up"
-if [ $WANT_IMAGES = 1 ] && ! images_current; then
-  ctr -n k8s.io images import "$IMAGES_ARCHIVE" >/dev/null \
-    || die "ctr images import $IMAGES_ARCHIVE failed (log: $LOGS/containerd.log)"
-  cp "$IMAGES_ARCHIVE.sha256" "$CLUSTER_DIR/containerd/podsnap-imported"
-  step "images imported: ${IMAGES[*]}"
+if [ $WANT_IMAGES = 1 ] && ! pause_current; then
+  # the sandbox image stays imported (containerd's sandbox_image): it is not podsnap's to ship
+  T=$(mktemp -d); skopeo copy --quiet "docker-archive:$IMAGES_ARCHIVE:$PAUSE_IMAGE" "docker-archive:$T/pause.tar:$PAUSE_IMAGE" \
+    && ctr -n k8s.io images import "$T/pause.tar" >/dev/null \
+    || { rm -rf "$T"; die "importing $PAUSE_IMAGE from $IMAGES_ARCHIVE failed (log: $LOGS/containerd.log)"; }
+  rm -rf "$T"; echo "$PAUSE_KEY" >"$CLUSTER_DIR/containerd/pause-imported"
+  step "sandbox image imported: $PAUSE_IMAGE"
+fi
+
+# --- the registry, and podsnap's images in it --------------------------------------------------------
+if ! pid_alive docker-registry; then
+  mkdir -p "$REGISTRY_DIR"
+  printf 'version: 0.1\nlog: {level: warn}\nstorage: {filesystem: {rootdirectory: %s}, delete: {enabled: true}}\nhttp: {addr: "%s"}\n' \
+    "$REGISTRY_DIR" "$REGISTRY_LISTEN" >"$CLUSTER_DIR/etc/registry.yml"
+  start_bg docker-registry docker-registry serve "$CLUSTER_DIR/etc/registry.yml"
+  for _ in $(seq 100); do registry_ready && break; sleep 0.1; done
+fi
+registry_ready || { tail -20 "$LOGS/docker-registry.log" >&2; die "docker-registry not serving on $REGISTRY_LISTEN (log: $LOGS/docker-registry.log)"; }
+step "registry up: $REGISTRY_HOST"
+if [ $WANT_IMAGES = 1 ] && ! pushed_current; then
+  # exactly `make images` + `make images-push REGISTRY=localhost:5000/podsnap`, into the cluster's own dir
+  PODSNAP_IMAGES_DIR=$PUSH_DIR TAG=$IMAGE_TAG "$REPO_ROOT/hack/images.sh" export "$IMAGES_ARCHIVE"
+  PODSNAP_IMAGES_DIR=$PUSH_DIR "$REPO_ROOT/hack/images.sh" push "$REGISTRY" >/dev/null
+  cp "$IMAGES_ARCHIVE.sha256" "$REGISTRY_DIR/podsnap-pushed"
+  # the tag is reused (dev), so the node's copies are stale now: drop them, and the kubelet pulls the
+  # new ones (imagePullPolicy IfNotPresent) for the next pods
+  for n in "${IMAGE_NAMES[@]}"; do
+    ctr -n k8s.io images rm "$REGISTRY/$n:$IMAGE_TAG" >/dev/null 2>&1 || true
+  done
+  step "images pushed: $REGISTRY/{$(IFS=,; echo "${IMAGE_NAMES[*]}")}:$IMAGE_TAG"
 fi
 
 # --- PKI and kubeconfig (kept across restarts, so a kubeconfig handed out stays valid) -------------

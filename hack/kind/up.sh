@@ -75,6 +75,6 @@ VALUES=hack/kind/values-gpu.yaml
 cat <<MSG
 kind cluster '$NAME' ready. KUBECONFIG=$KCFG
 Run the e2e flow on it (GPU demo worker):
-  PODSNAP_E2E_KUBECONFIG=$KCFG PODSNAP_E2E_GPU=1 PODSNAP_E2E_DEMO_IMAGE=localhost/podsnap-demo-gpu:$TAG \\
-  PODSNAP_E2E_VALUES=$VALUES .venv/bin/python -m pytest -m cluster tests/e2e
+  .venv/bin/python -m pytest -m cluster tests/e2e --kubeconfig $KCFG \\
+    --app-config-file-path $VALUES --e2e-worker gpu --cluster-type kind-gpu
 MSG

@@ -78,10 +78,11 @@ def test_local_cluster_overlay_fits_the_local_cluster(built: dict[str, Docs]) ->
     ds = find(docs, "DaemonSet", "podsnap-agent")
     spec = ds["spec"]["template"]["spec"]
     assert spec["nodeSelector"] == {"podsnap.io/local-cluster": "true"}
+    # pulled from the local cluster's registry (hack/cluster/up.sh pushes them with `make images-push`)
     for c in spec["containers"] + spec["initContainers"]:
-        assert c["image"] == "localhost/podsnap-agent:dev" and c["imagePullPolicy"] == "Never"
+        assert c["image"] == "localhost:5000/podsnap/podsnap-agent:dev" and c["imagePullPolicy"] == "IfNotPresent"
     op = container(find(docs, "Deployment", "podsnap-operator"), "operator")
-    assert op["image"] == "localhost/podsnap-operator:dev" and op["imagePullPolicy"] == "Never"
+    assert op["image"] == "localhost:5000/podsnap/podsnap-operator:dev" and op["imagePullPolicy"] == "IfNotPresent"
     paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     assert paths == {
         "seccomp-dir": "/var/lib/podsnap-cluster/kubelet/seccomp",

@@ -453,10 +453,11 @@ def test_local_cluster_scenario(matrix: dict[str, Docs]) -> None:
     ds = find(docs, "DaemonSet", "podsnap-agent")
     spec = ds["spec"]["template"]["spec"]
     assert spec["nodeSelector"] == {"podsnap.io/local-cluster": "true"}
-    assert container(ds, "agent")["image"] == "localhost/podsnap-agent:dev"
+    # pulled from the local cluster's registry, where `make cluster-up` pushed them with `make images-push`
+    assert container(ds, "agent")["image"] == "localhost:5000/podsnap/podsnap-agent:dev"
     seccomp = {v["name"]: v for v in spec["volumes"]}["seccomp-dir"]
     assert seccomp["hostPath"]["path"] == "/var/lib/podsnap-cluster/kubelet/seccomp"
-    assert container(ds, "agent")["imagePullPolicy"] == "Never"
+    assert container(ds, "agent")["imagePullPolicy"] == "IfNotPresent"
     pvc = find(docs, "PersistentVolumeClaim")
     assert pvc["spec"]["storageClassName"] == "podsnap-local" and pvc["spec"]["accessModes"] == ["ReadWriteMany"]
     # the chart's scenario and the e2e suite's values file are one file

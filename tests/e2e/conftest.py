@@ -1,31 +1,49 @@
 """Fixtures of the end-to-end suite: the cluster (skipped with a one-line reason when absent), podsnap
 installed by Helm once per session, a namespace per test, and the flow's timings written under out/.
 
-The suite connects only through a kubeconfig (PODSNAP_E2E_KUBECONFIG, default: the local cluster of
-`make cluster-up`), so the same tests run on the local cluster and on kind with GPUs (hack/kind/).
+The suite reaches its cluster only through a kubeconfig, so the same tests run on the local cluster
+of `make cluster-up`, on kind with GPUs (hack/kind/) and on any cluster a user points them at
+(docs/testing.md). The cluster, chart and values come from pytest-helm-charts' options
+(`--kubeconfig`, `--chart-path`, `--app-config-file-path`, `--cluster-type`; support/config.py), the
+cluster connection and per-test namespaces from its fixtures (`kube_cluster`,
+`namespace_factory_function_scope`, `namespace_factory`), and the rollout waits from its helpers.
+podsnap keeps its own fixtures only where the plugin falls short (docs/testing.md lists why):
+- `kube_config`/`kube_cluster` are overridden here with session scope (the plugin's are module-scoped,
+  and podsnap is installed once per session) and without the plugin's $KUBECONFIG fallback;
+- `podsnap` installs the chart with the helm CLI: the plugin installs charts only through Giant
+  Swarm's App Platform or Flux, which these clusters do not run;
+- `cluster` wraps the official kubernetes client next to the plugin's pykube one: the tests use its
+  typed models, the API server's pod/service proxy and exec, and pykube cannot read kubeconfigs whose
+  exec credential plugin speaks client.authentication.k8s.io/v1 (tests/unit/test_e2e_plugin.py);
+- `--e2e-worker cpu|gpu` (tests/conftest.py) picks the demo worker: the plugin knows nothing of workloads.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import pykube
 import pytest
+from pytest_helm_charts.clusters import ExistingCluster
+from pytest_helm_charts.k8s.daemon_set import wait_for_daemon_sets_to_run
+from pytest_helm_charts.k8s.deployment import wait_for_deployments_to_run
+from pytest_helm_charts.k8s.fixtures import NamespaceFactoryFunc
 
 from tests.conftest import tool
 from tests.e2e.support.config import E2EConfig
 from tests.e2e.support.flow import Timings
-from tests.e2e.support.k8s import E2E_NAMESPACE_LABEL, Cluster, create_namespace, delete_namespace, wait_until
+from tests.e2e.support.images import missing_images
+from tests.e2e.support.k8s import E2E_NAMESPACE_LABEL, Cluster, new_namespace, wait_until
 
 RELEASE_LABEL = "app.kubernetes.io/instance"
 
 
 @pytest.fixture(scope="session")
-def e2e_config() -> E2EConfig:
-    return E2EConfig.from_env()
+def e2e_config(pytestconfig: pytest.Config) -> E2EConfig:
+    return E2EConfig.from_options(lambda name: pytestconfig.getoption(name, None))
 
 
 def _skip_reason(cfg: E2EConfig) -> str | None:
@@ -33,27 +51,52 @@ def _skip_reason(cfg: E2EConfig) -> str | None:
         if tool(name) is None:
             return f"{name} not installed: run `make setup`"
     if not cfg.kubeconfig.is_file():
-        return f"no cluster: {cfg.kubeconfig} missing (run `make cluster-up`, or set PODSNAP_E2E_KUBECONFIG)"
+        return f"no cluster: {cfg.kubeconfig} missing (run `make cluster-up`, or pass --kubeconfig)"
     return None
 
 
 @pytest.fixture(scope="session")
-def cluster(e2e_config: E2EConfig) -> Cluster:
+def kube_config(e2e_config: E2EConfig) -> str:
+    """Overrides pytest-helm-charts' fixture: session-scoped, and the kubeconfig of support/config.py."""
+    return str(e2e_config.kubeconfig)
+
+
+@pytest.fixture(scope="session")
+def kube_cluster(kube_config: str, e2e_config: E2EConfig) -> Iterator[ExistingCluster]:
+    """pytest-helm-charts' connection to the cluster under test (pykube), session-scoped; skips with a
+    one-line reason when the cluster, its nodes or podsnap's images are missing."""
     reason = _skip_reason(e2e_config)
     if reason:
         pytest.skip(reason)
-    cl = Cluster.connect(e2e_config.kubeconfig)
+    kube = ExistingCluster(kube_config)
+    client = kube.create()
     try:
-        nodes = cl.core.list_node(_request_timeout=10).items
+        nodes = list(pykube.Node.objects(client))
+    except NotImplementedError as exc:  # pykube refuses exec plugins of client.authentication.k8s.io/v1
+        kube.destroy()
+        pytest.skip(
+            f"pytest-helm-charts' client cannot use {kube_config} ({exc}): pass a kubeconfig with a token or "
+            "client certificate, or a v1beta1 exec plugin (docs/testing.md)"
+        )
     except Exception as exc:  # any connection failure means: no cluster to test
-        pytest.skip(f"cluster of {e2e_config.kubeconfig} not reachable ({type(exc).__name__}): run `make cluster-up`")
+        kube.destroy()
+        pytest.skip(f"cluster of {kube_config} not reachable ({type(exc).__name__}): run `make cluster-up`")
     if not nodes:
-        pytest.skip(f"cluster of {e2e_config.kubeconfig} has no nodes")
-    present = {name for n in nodes for img in (n.status.images or []) for name in (img.names or [])}
-    missing = [i for i in e2e_config.images if i not in present and f"docker.io/{i}" not in present]
-    if missing:
-        pytest.skip(f"images {missing} on no node: run `make cluster-up` (or `make kind-up`)")
-    return cl
+        kube.destroy()
+        pytest.skip(f"cluster of {kube_config} has no nodes")
+    absent = missing_images(e2e_config.images, nodes)
+    if absent:
+        kube.destroy()
+        pytest.skip(absent)
+    yield kube
+    kube.destroy()
+
+
+@pytest.fixture(scope="session")
+def cluster(kube_cluster: ExistingCluster) -> Cluster:
+    """The same cluster through the official kubernetes client (typed models, proxy, exec), plus kubectl and helm."""
+    assert kube_cluster.kube_config_path
+    return Cluster.connect(kube_cluster.kube_config_path)
 
 
 @pytest.fixture(scope="session")
@@ -74,14 +117,12 @@ def timings(e2e_config: E2EConfig) -> Iterator[Timings]:
 
 
 @pytest.fixture(scope="session")
-def podsnap(cluster: Cluster, e2e_config: E2EConfig, timings: Timings) -> Iterator[E2EConfig]:
+def podsnap(
+    cluster: Cluster, kube_cluster: ExistingCluster, e2e_config: E2EConfig, timings: Timings
+) -> Iterator[E2EConfig]:
     """podsnap installed the way the walkthrough does (helm upgrade --install --reuse-values), rolled out;
     uninstalled at the end, once the operator has finished the tests' namespaces (its finalizers)."""
     cfg = e2e_config
-    missing = [str(v) for v in cfg.values_files if not v.is_file()]
-    assert not missing, (
-        f"chart values {missing} missing: the chart's local-cluster values must exist (PODSNAP_E2E_VALUES)"
-    )
     values = [a for v in cfg.values_files for a in ("-f", str(v))]
     with timings.measure("helm_install"):
         cluster.helm(
@@ -89,11 +130,11 @@ def podsnap(cluster: Cluster, e2e_config: E2EConfig, timings: Timings) -> Iterat
             "--reuse-values", *values, "--wait", "--timeout", f"{int(cfg.timeout_s)}s",
             timeout=cfg.timeout_s + 60,
         )  # fmt: skip
-        for kind, name in (("deployment", cfg.operator_deployment), ("daemonset", cfg.agent_daemonset)):
-            cluster.kubectl(
-                "rollout", "status", f"{kind}/{name}", "-n", cfg.release_namespace, f"--timeout={int(cfg.timeout_s)}s",
-                timeout=cfg.timeout_s + 30,
-            )  # fmt: skip
+        # helm --wait returns once the objects are ready; the plugin's waits say so per workload
+        client = kube_cluster.kube_client
+        assert client is not None
+        wait_for_deployments_to_run(client, [cfg.operator_deployment], cfg.release_namespace, int(cfg.timeout_s))
+        wait_for_daemon_sets_to_run(client, [cfg.agent_daemonset], cfg.release_namespace, int(cfg.timeout_s))
     yield cfg
     try:
         wait_until(
@@ -105,13 +146,10 @@ def podsnap(cluster: Cluster, e2e_config: E2EConfig, timings: Timings) -> Iterat
         cluster.helm("uninstall", cfg.release, "-n", cfg.release_namespace, "--wait", check=False)
 
 
-def _slug(name: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40].strip("-")
-
-
 @pytest.fixture
-def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh namespace for one test, deleted afterwards (the operator's finalizers clean up inside)."""
-    name = create_namespace(cluster, _slug(request.node.name.removeprefix("test_"))[:30].strip("-"))
-    yield name
-    delete_namespace(cluster, name)
+def namespace(
+    cluster: Cluster, namespace_factory_function_scope: NamespaceFactoryFunc, request: pytest.FixtureRequest
+) -> str:
+    """A fresh namespace for one test; afterwards the plugin deletes it and waits until the operator's
+    finalizers inside have finished."""
+    return new_namespace(cluster, namespace_factory_function_scope, request.node.name.removeprefix("test_"))

@@ -7,10 +7,10 @@ One capture serves the whole module (it is the expensive step); the tests read w
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from pytest_helm_charts.k8s.fixtures import NamespaceFactoryFunc
 
 from podsnap import contract
 from tests.e2e.support.capture import CaptureRun, restored_summary, run_capture
@@ -24,7 +24,7 @@ from tests.e2e.support.flow import (
     wait_serving,
     worker_health,
 )
-from tests.e2e.support.k8s import Cluster, Pending, condition, create_namespace, delete_namespace, wait_until
+from tests.e2e.support.k8s import Cluster, Pending, condition, new_namespace, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 APP = "worker"
@@ -32,14 +32,12 @@ RESTORED = f"True/{contract.REASON_RESTORE_SUCCEEDED}"
 
 
 @pytest.fixture(scope="module")
-def run(cluster: Cluster, podsnap: E2EConfig, timings: Timings) -> Iterator[CaptureRun]:
-    ns = create_namespace(cluster, "wait-for-checkpoint")
-    try:
-        result = run_capture(cluster, podsnap, ns, APP, startup=contract.STARTUP_POLICY_WAIT)
-        timings.values.update({f"wait_for_checkpoint_{k}": v for k, v in result.seconds.items()})
-        yield result
-    finally:
-        delete_namespace(cluster, ns)
+def run(cluster: Cluster, podsnap: E2EConfig, timings: Timings, namespace_factory: NamespaceFactoryFunc) -> CaptureRun:
+    # pytest-helm-charts' module-scoped factory deletes the namespace after the module
+    ns = new_namespace(cluster, namespace_factory, "wait-for-checkpoint")
+    result = run_capture(cluster, podsnap, ns, APP, startup=contract.STARTUP_POLICY_WAIT)
+    timings.values.update({f"wait_for_checkpoint_{k}": v for k, v in result.seconds.items()})
+    return result
 
 
 def test_a_snapshot_job_captures_the_worker(cluster: Cluster, run: CaptureRun, podsnap: E2EConfig) -> None:

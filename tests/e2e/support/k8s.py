@@ -8,6 +8,7 @@ reach the API server (a kind cluster's pod and Service addresses are not routabl
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import subprocess
 import time
@@ -20,6 +21,7 @@ import urllib3
 from kubernetes import client as kclient
 from kubernetes import config as kconfig
 from kubernetes.client.exceptions import ApiException
+from pytest_helm_charts.k8s.fixtures import NamespaceFactoryFunc
 
 from podsnap import contract
 from tests.conftest import tool
@@ -174,16 +176,39 @@ class Cluster:
 E2E_NAMESPACE_LABEL = "podsnap.io/e2e=true"
 
 
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:30].strip("-")
+
+
+def wait_for_default_service_account(cluster: Cluster, namespace: str) -> None:
+    """A pod created before its namespace's default ServiceAccount exists is refused."""
+    wait_until(
+        lambda: any(
+            sa.metadata.name == "default" for sa in cluster.core.list_namespaced_service_account(namespace).items
+        ),
+        timeout=30,
+        what=f"the default ServiceAccount of {namespace}",
+    )
+
+
+def new_namespace(cluster: Cluster, factory: NamespaceFactoryFunc, prefix: str) -> str:
+    """`e2e-<prefix>-<random>` from one of pytest-helm-charts' namespace factories (it deletes the namespace
+    and waits until it is gone when its scope ends: the operator's finalizers inside have finished),
+    labelled for the session's cleanup, its default ServiceAccount in place."""
+    name = f"e2e-{_slug(prefix)}-{secrets.token_hex(2)}"
+    key, value = E2E_NAMESPACE_LABEL.split("=")
+    factory(name, extra_metadata={"labels": {key: value}})
+    wait_for_default_service_account(cluster, name)
+    return name
+
+
 def create_namespace(cluster: Cluster, prefix: str) -> str:
-    """A fresh namespace `e2e-<prefix>-<random>` with its default ServiceAccount in place."""
-    name = f"e2e-{prefix}-{secrets.token_hex(2)}"
+    """A fresh namespace `e2e-<prefix>-<random>` the caller deletes (`delete_namespace`), for scopes the
+    plugin's factories do not have."""
+    name = f"e2e-{_slug(prefix)}-{secrets.token_hex(2)}"
     key, value = E2E_NAMESPACE_LABEL.split("=")
     cluster.core.create_namespace({"metadata": {"name": name, "labels": {key: value}}})
-    wait_until(
-        lambda: any(sa.metadata.name == "default" for sa in cluster.core.list_namespaced_service_account(name).items),
-        timeout=30,
-        what=f"the default ServiceAccount of {name}",
-    )
+    wait_for_default_service_account(cluster, name)
     return name
 
 
