@@ -87,7 +87,7 @@ def test_an_install_without_an_image_registry_fails_saying_where_images_come_fro
 
 def test_every_rendered_object_exists_on_the_server(cluster: Cluster) -> None:
     objects = manifest_objects(cluster, RELEASE, NAMESPACE)
-    assert len(objects) == 21
+    assert len(objects) == 23  # with the two ClusterRoles aggregated into view and edit
     for obj in objects:
         ns = ["-n", obj["metadata"]["namespace"]] if "namespace" in obj["metadata"] else []
         got = cluster.get(*ns, obj["kind"].lower(), obj["metadata"]["name"])
@@ -275,6 +275,32 @@ def test_rbac_on_the_server_is_least_privilege(cluster: Cluster) -> None:
     assert not can_i(cluster, agent, "patch", "podsnapshots.podsnap.io", "-n", "examples")
     assert not can_i(cluster, agent, "list", "secrets", "-A")
     assert not can_i(cluster, agent, "delete", "pods", "-n", "examples")
+
+
+def test_the_built_in_view_and_edit_roles_cover_podsnap_objects(cluster: Cluster) -> None:
+    """The controller-manager aggregates the chart's roles into `view` and `edit`: a namespace reader reads
+    policies, an editor writes them, and neither reaches the cluster-scoped contents."""
+    ns = "team-a"
+    cluster.kubectl("create", "namespace", ns)
+    cluster.kubectl("create", "rolebinding", "readers", "--clusterrole=view", "--user=reader", "-n", ns)
+    cluster.kubectl("create", "rolebinding", "editors", "--clusterrole=edit", "--user=editor", "-n", ns)
+
+    def can(user: str, verb: str, resource: str, *extra: str) -> bool:
+        proc = cluster.kubectl("auth", "can-i", verb, resource, "-n", ns, f"--as={user}", *extra, check=False)
+        return proc.stdout.strip() == "yes"
+
+    deadline = time.monotonic() + 30
+    while not (
+        can("reader", "list", "snapshotpolicies.podsnap.io") and can("editor", "create", "podsnapshots.podsnap.io")
+    ):
+        assert time.monotonic() < deadline, "view/edit never gained podsnap's rules (clusterrole-aggregation)"
+        time.sleep(0.2)
+    assert can("reader", "watch", "podsnapshots.podsnap.io") and can("reader", "get", "snapshotjobs.podsnap.io")
+    assert not can("reader", "create", "snapshotpolicies.podsnap.io")
+    assert can("editor", "delete", "snapshotpolicies.podsnap.io")
+    assert not can("editor", "patch", "snapshotpolicies.podsnap.io", "--subresource=status")
+    for user in ("reader", "editor"):
+        assert not can(user, "get", "podsnapshotcontents.podsnap.io")
 
 
 def test_local_cluster_overlay_is_accepted_by_a_1_20_server(cluster: Cluster) -> None:

@@ -54,6 +54,7 @@ def test_every_scenario_renders_the_expected_objects(matrix: dict[str, Docs]) ->
     assert base == sorted(
         ["CustomResourceDefinition"] * 4
         + ["ClusterRole", "ClusterRoleBinding", "ServiceAccount"] * 2
+        + ["ClusterRole"] * 2  # aggregated into view and edit
         + ["ConfigMap", "DaemonSet", "Deployment", "MutatingWebhookConfiguration", "PersistentVolumeClaim"]
         + ["Secret", "Secret", "Service", "Service", "Service", "ValidatingWebhookConfiguration"]
     )
@@ -341,6 +342,31 @@ def test_rbac_is_split_by_component_with_least_privilege(default_docs: Docs) -> 
         binding = find(default_docs, "ClusterRoleBinding", name)
         assert binding["roleRef"]["name"] == name
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]
+
+
+def test_namespace_users_get_podsnap_objects_through_the_aggregated_roles(
+    default_docs: Docs, matrix: dict[str, Docs]
+) -> None:
+    aggregate = "rbac.authorization.k8s.io/aggregate-to-"
+    namespaced = {p for kind, (p, *_) in contract.CRDS.items() if kind != contract.KIND_POD_SNAPSHOT_CONTENT}
+    assert len(namespaced) == 3
+    view = find(default_docs, "ClusterRole", "podsnap-view")
+    edit = find(default_docs, "ClusterRole", "podsnap-edit")
+
+    def aggregated_into(role: Doc) -> set[str]:
+        return {
+            k.removeprefix(aggregate) for k, v in labels_of(role).items() if k.startswith(aggregate) and v == "true"
+        }
+
+    # view's rules reach edit and admin too; edit's reach admin
+    assert aggregated_into(view) == {"view", "edit", "admin"}
+    assert aggregated_into(edit) == {"edit", "admin"}
+    assert rules(view) == {("podsnap.io", p): {"get", "list", "watch"} for p in namespaced}
+    writes = {"create", "update", "patch", "delete", "deletecollection"}
+    # no status (the operator's and the agents' to write), no cluster-scoped contents
+    assert rules(edit) == {("podsnap.io", p): writes for p in namespaced}
+    roles = [d["metadata"]["name"] for d in matrix["minimal"] if d["kind"] == "ClusterRole"]
+    assert sorted(roles) == ["podsnap-agent", "podsnap-operator"]
 
 
 def test_webhook_ignores_failures_and_skips_own_namespace(default_docs: Docs, matrix: dict[str, Docs]) -> None:

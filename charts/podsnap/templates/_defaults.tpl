@@ -93,6 +93,8 @@ operator:
     create: true
     name: ''
   tolerations: []
+rbac:
+  aggregateClusterRoles: true
 seccomp:
   enabled: true
   profileName: podsnap/block-io-uring.json
