@@ -50,8 +50,16 @@ pid_alive() {
 start_bg() {
   local name=$1; shift
   mkdir -p "$RUN" "$LOGS"
-  # fds 8/9 hold the build and cluster locks (flock): a daemon must not keep them held
-  setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null 8>&- 9>&- &
+  # a daemon must not keep any lock its caller holds: fds 8/9 are the build and cluster locks, and a caller
+  # under `flock FILE -c ...` (the machine's e2e lock) holds FILE on an fd of flock's choosing; so every
+  # inherited fd above 2 is closed before the exec (the daemon's $! is this subshell's pid)
+  (
+    for fd in /proc/self/fd/*; do
+      fd=${fd##*/}
+      [ "$fd" -gt 2 ] && eval "exec $fd>&-"
+    done 2>/dev/null
+    exec setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null
+  ) &
   echo $! >"$RUN/$name.pid"
 }
 kube_bin() { # kube_bin NAME: the pinned Kubernetes 1.20 binary (hack/setup.sh links them into .tools/bin)
