@@ -171,6 +171,30 @@ def cond(type_: str, field: str = "status") -> str:
 
 AGE = column("Age", ".metadata.creationTimestamp", "date")
 
+#: a workload's override of the checkpoint-safe environment (operator/safe_env.py, docs/engines.md)
+CHECKPOINT_ENV: Schema = obj(
+    {
+        "enabled": {
+            "type": "boolean",
+            "description": "false: the webhook sets none of the checkpoint-safe environment on this workload's pods.",
+        },
+        "env": {
+            "type": "object",
+            "additionalProperties": {"type": "string"},
+            "description": "Variables to set, or to set to another value than the installation's defaults "
+            "(values.yaml workload.checkpointEnv.env). A variable the container sets itself still wins.",
+        },
+        "omit": {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1},
+            "description": "Default variables (or the engine's, from podsnap.io/engine) not to set.",
+        },
+    },
+    description="The checkpoint-safe environment the pod webhook sets on the target container of capture "
+    "and restore pods: the installation's defaults, plus the engine's own variables when the pod template "
+    "names its engine in the podsnap.io/engine annotation, changed by this.",
+)
+
 # --- the four kinds ----------------------------------------------------------------------------
 
 SNAPSHOT_JOB_SPEC: Schema = obj(
@@ -196,6 +220,7 @@ SNAPSHOT_JOB_SPEC: Schema = obj(
             default={},
             description="How the PodSnapshot for the capture pod is made.",
         ),
+        "checkpointEnv": CHECKPOINT_ENV,
     },
     required=["podTemplate"],
     description="What to run and capture. Immutable.",
@@ -319,6 +344,7 @@ SNAPSHOT_POLICY_SPEC: Schema = obj(
             required=["name"],
             description="Use this existing PodSnapshot (same namespace) instead of capturing.",
         ),
+        "checkpointEnv": CHECKPOINT_ENV,
     },
     required=["targetRef"],
     description="Which workload to snapshot and how its pods start. Immutable.",

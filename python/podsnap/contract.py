@@ -286,3 +286,13 @@ CHART_ENV.update(
         "prefetchConcurrency": (ENV_PREFETCH_CONCURRENCY, (COMPONENT_AGENT,)),
     }
 )
+
+
+# --- checkpoint-safe environment (issue 11; additive) ------------------------------------------
+#: JSON `{"enabled": bool, "env": {name: value}}` (values.yaml `workload.checkpointEnv`): the variables the pod
+#: webhook sets on the target container of capture and restore pods (operator/safe_env.py)
+ENV_CHECKPOINT_ENV: Final = "PODSNAP_CHECKPOINT_ENV"
+CHART_ENV["checkpointEnv"] = (ENV_CHECKPOINT_ENV, (COMPONENT_OPERATOR,))
+#: on a pod (template): "off" keeps the webhook from setting the checkpoint-safe environment on it
+ANNOTATION_CHECKPOINT_ENV: Final = f"{GROUP}/checkpoint-env"
+CHECKPOINT_ENV_OFF: Final = "off"

@@ -109,10 +109,10 @@ EXAMPLES: dict[str, Any] = {
     "issuerRef": {"kind": "ClusterIssuer", "name": "my-ca", "group": "cert-manager.io"},
     "extraArgs": ["--flag=1"],
 }
-#: maps whose keys are the user's (labels, annotations, node selectors, resource names)
+#: maps whose keys are the user's (labels, annotations, node selectors, resource names, variable names)
 FREE_KEYS = {
     "commonLabels", "nodeSelector", "podAnnotations", "podLabels", "annotations", "labels", "requests", "limits",
-    "matchLabels",
+    "matchLabels", "env",
 }  # fmt: skip
 #: maps of label values (syntax-checked by Kubernetes), as opposed to annotations (any string)
 LABEL_MAPS = {"commonLabels", "nodeSelector", "podLabels", "labels", "matchLabels"}

@@ -101,7 +101,11 @@ def test_defaults_and_every_scenario_are_valid_against_the_schema() -> None:
 
 
 def leaf_paths(node: Any, prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
-    if isinstance(node, dict) and node and prefix[-1:] not in (("nodeSelector",), ("resources",), ("updateStrategy",)):
+    if (
+        isinstance(node, dict)
+        and node
+        and prefix[-1:] not in (("nodeSelector",), ("resources",), ("updateStrategy",), ("env",))
+    ):
         return {p for k, v in node.items() for p in leaf_paths(v, (*prefix, k))}
     return {prefix}
 

@@ -5,6 +5,7 @@ the process wrote, a directory it made)."""
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import json
 import os
@@ -28,7 +29,7 @@ from podsnap.kube.client import get_or_none
 from podsnap.kube.env import ConfigError
 from podsnap.kube.tokens import CAPTURE, KEY_FILE, Claims, TokenKey
 from podsnap.operator import main as operator_main
-from podsnap.operator.config import OperatorConfig
+from podsnap.operator.config import DEFAULT_CHECKPOINT_ENV, OperatorConfig
 from tests.conftest import REPO, require_tool
 from tests.support.controlplane import free_port
 from tests.support.harness import render_chart
@@ -163,6 +164,18 @@ def test_rendered_values_reach_the_operator_config() -> None:
     assert (off_config.metrics_port, off_config.webhook_port) == (0, 0)
 
 
+def test_the_checkpoint_env_values_reach_the_operator_config() -> None:
+    def config_of(*values: str) -> dict[str, str] | None:
+        docs = render_chart(require_tool("helm"), CHART, *values)
+        return OperatorConfig.from_env(container_env(docs, "Deployment", "operator")).checkpoint_env
+
+    assert config_of() == DEFAULT_CHECKPOINT_ENV and DEFAULT_CHECKPOINT_ENV["NCCL_SOCKET_IFNAME"] == "lo"
+    tuned = config_of("workload.checkpointEnv.env.MY_FLAG=on", "workload.checkpointEnv.env.HF_HUB_OFFLINE=null")
+    assert tuned is not None and tuned.pop("MY_FLAG") == "on" and "HF_HUB_OFFLINE" not in tuned
+    assert tuned == {k: v for k, v in DEFAULT_CHECKPOINT_ENV.items() if k != "HF_HUB_OFFLINE"}
+    assert config_of("workload.checkpointEnv.enabled=false") is None
+
+
 def test_rendered_values_reach_the_agent_config() -> None:
     docs = render_chart(
         require_tool("helm"), CHART, "agent.logLevel=debug", "agent.healthPort=9111", "metrics.port=9112"
@@ -220,6 +233,9 @@ def test_rendered_values_reach_the_agent_config() -> None:
         (c.ENV_HEALTH_PORT, "80a", "expected an integer"),
         (c.ENV_METRICS_PORT, "70000", "expected a port"),
         (c.ENV_SCHEDULING_GATES, "maybe", "expected one of auto, on, off"),
+        (c.ENV_CHECKPOINT_ENV, "{not json", "expected JSON"),
+        (c.ENV_CHECKPOINT_ENV, '{"env": {"A": 1}}', "expected JSON"),
+        (c.ENV_CHECKPOINT_ENV, '{"enabled": "yes"}', "expected JSON"),
     ],
 )
 def test_a_malformed_variable_stops_the_operator_naming_it(name: str, value: str, says: str) -> None:
@@ -264,7 +280,7 @@ def webhook_tls(tmp_path: Path) -> tuple[Path, ssl.SSLContext]:
     return cert_dir, client
 
 
-def admission_review(url: str, client: ssl.SSLContext) -> dict[str, Any]:
+def admission_review(url: str, client: ssl.SSLContext, pod: dict[str, Any] | None = None) -> dict[str, Any]:
     review = {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
@@ -274,7 +290,7 @@ def admission_review(url: str, client: ssl.SSLContext) -> dict[str, Any]:
             "resource": {"group": "", "version": "v1", "resource": "pods"},
             "operation": "CREATE",
             "namespace": "default",
-            "object": {"metadata": {"name": "probe"}, "spec": {"containers": [{"name": "main", "image": "x"}]}},
+            "object": pod or {"metadata": {"name": "probe"}, "spec": {"containers": [{"name": "main", "image": "x"}]}},
             "userInfo": {"username": "probe"},
         },
     }
@@ -296,6 +312,7 @@ def test_every_operator_variable_changes_what_the_operator_process_does(env: Env
         f"webhook.port={webhook}",
         "webhook.path=/hooks/mutate-pods",
         "seccomp.profileName=custom/profile.json",
+        "workload.checkpointEnv.env.PROBE_FLAG=from-values",
     )
     environ = container_env(docs, "Deployment", "operator")
     assert set(environ) == set(c.chart_env(c.COMPONENT_OPERATOR))
@@ -323,6 +340,21 @@ def test_every_operator_variable_changes_what_the_operator_process_does(env: Env
             )
             assert answer["response"]["uid"] == "probe-uid" and answer["response"]["allowed"] is True
             seen.update((c.ENV_WEBHOOK_PORT, c.ENV_WEBHOOK_PATH, c.ENV_WEBHOOK_CERT_DIR))
+            # a capture pod (its token signed with the key of the token key dir) gets the values' environment
+            capture = {
+                "metadata": {
+                    "name": "capture-probe",
+                    "annotations": {
+                        c.ANNOTATION_CAPTURE_TOKEN: TokenKey.load(key).mint(Claims(CAPTURE, "default", "main", "cfg"))
+                    },
+                },
+                "spec": {"containers": [{"name": "main", "image": "x", "command": ["serve"]}]},
+            }
+            reply = admission_review(f"https://127.0.0.1:{webhook}/hooks/mutate-pods", client, capture)["response"]
+            ops = json.loads(base64.b64decode(reply["patch"]))
+            [added] = [op["value"] for op in ops if op["path"] == "/spec/containers/0/env"]  # it had no env
+            assert {"name": "PROBE_FLAG", "value": "from-values"} in added
+            seen.add(c.ENV_CHECKPOINT_ENV)
             # capture pods run with the chart's seccomp profile
             # (the validating webhook, which fails closed, is this process's while the session operator is away)
             with validating_served_by(env.cluster, f"https://127.0.0.1:{webhook}/hooks", cert_dir / "ca.crt"):

@@ -121,6 +121,19 @@ webhook:
   path: /mutate-pods
   port: 9443
   timeoutSeconds: 5
+workload:
+  checkpointEnv:
+    enabled: true
+    env:
+      GLOO_SOCKET_IFNAME: lo
+      HF_HUB_DISABLE_TELEMETRY: '1'
+      HF_HUB_OFFLINE: '1'
+      NCCL_CUMEM_ENABLE: '0'
+      NCCL_IB_DISABLE: '1'
+      NCCL_NVLS_ENABLE: '0'
+      NCCL_SOCKET_IFNAME: lo
+      TORCHINDUCTOR_COMPILE_THREADS: '1'
+      TRANSFORMERS_OFFLINE: '1'
 {{- end }}
 
 {{- /* Lists and maps with a non-empty default: the keys that show the release's chart had them. */}}
@@ -153,4 +166,6 @@ webhook.excludeNamespaces:
 - webhook.certManager.duration
 - webhook.certManager.renewBefore
 - operator.image.digest
+workload.checkpointEnv.env:
+- workload.checkpointEnv.enabled
 {{- end }}

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from podsnap import contract as c
 from podsnap.kube.env import ConfigError, env_choice, env_path, env_port, env_str, log_level
+from podsnap.workload.engines.checkpoint_env import COMMON
 
 #: the webhook handler's id; kopf serves it at `<prefix>/<id>`, so the chart's path must end with it
 WEBHOOK_PATH_ID = "mutate-pods"
 SCHEDULING_GATE_MODES = ("auto", "on", "off")
+#: the checkpoint-safe environment without PODSNAP_CHECKPOINT_ENV (the chart's defaults are the same)
+DEFAULT_CHECKPOINT_ENV = {v.name: v.value for v in COMMON}
 
 
 @dataclass
@@ -36,6 +40,9 @@ class OperatorConfig:
     scheduling_gates: str = "auto"
     #: the first retry of a failed capture waits this long; each next one twice as long (policy.RETRY_MAX_S at most)
     capture_retry_base_s: float = 30.0
+    #: what the pod webhook sets on the target container of capture and restore pods (operator/safe_env.py);
+    #: None: nothing (workload.checkpointEnv.enabled false)
+    checkpoint_env: dict[str, str] | None = field(default_factory=lambda: dict(DEFAULT_CHECKPOINT_ENV))
 
     @property
     def webhook_prefix(self) -> str:
@@ -57,4 +64,27 @@ class OperatorConfig:
             health_port=env_port(c.ENV_HEALTH_PORT, 8081, environ),
             log_level=log_level(c.ENV_LOG_LEVEL, "info", environ),
             scheduling_gates=env_choice(c.ENV_SCHEDULING_GATES, SCHEDULING_GATE_MODES, "auto", environ),
+            checkpoint_env=checkpoint_env_from(environ),
         )
+
+
+def checkpoint_env_from(environ: Mapping[str, str] | None = None) -> dict[str, str] | None:
+    """PODSNAP_CHECKPOINT_ENV, as the chart writes it from values.yaml `workload.checkpointEnv`."""
+    raw = env_str(c.ENV_CHECKPOINT_ENV, "", environ)
+    if not raw:
+        return dict(DEFAULT_CHECKPOINT_ENV)
+    shown = raw if len(raw) <= 80 else raw[:77] + "..."
+    expected = 'expected JSON {"enabled": true|false, "env": {NAME: "value"}} (values.yaml workload.checkpointEnv)'
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError:
+        raise ConfigError(f"{c.ENV_CHECKPOINT_ENV}={shown!r}: {expected}") from None
+    env = data.get("env") or {} if isinstance(data, dict) else None
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("enabled", True), bool)
+        or not isinstance(env, dict)
+        or not all(isinstance(k, str) and k and isinstance(v, str) for k, v in env.items())
+    ):
+        raise ConfigError(f"{c.ENV_CHECKPOINT_ENV}={shown!r}: {expected}")
+    return dict(env) if data.get("enabled", True) else None

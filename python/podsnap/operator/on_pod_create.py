@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -14,6 +14,7 @@ import kopf
 from podsnap import contract as c
 from podsnap.kube.client import Kube, get_or_none
 from podsnap.kube.tokens import RESTORE, Claims
+from podsnap.operator import safe_env
 from podsnap.operator.config import WEBHOOK_PATH_ID
 from podsnap.operator.policy import serving_replicas, template_hash
 from podsnap.operator.restore_pod import NotShapeable, shape
@@ -79,6 +80,8 @@ class Plan:
     namespace: str = ""
     #: the policy's skipCompatCheck, carried in the restore token (the pod's own annotation counts for nothing)
     skip_compat: bool = False
+    #: the policy's spec.checkpointEnv (safe_env.py)
+    checkpoint_env: safe_env.Override = field(default_factory=safe_env.Override)
 
 
 def restore_plan(ctx: OperatorContext, pod: Mapping[str, Any], namespace: str | None) -> Plan | None:
@@ -105,7 +108,10 @@ def restore_plan(ctx: OperatorContext, pod: Mapping[str, Any], namespace: str | 
         if status.get("ready") and status.get("checkpointName") and current:
             container = spec.get("targetContainerName") or "main"
             skip = spec.get("skipCompatCheck") is True
-            return Plan("restore", status["checkpointName"], container, namespace, skip)
+            where = f"SnapshotPolicy {namespace}/{policy['metadata']['name']}"
+            return Plan(
+                "restore", status["checkpointName"], container, namespace, skip, safe_env.override_of(spec, where)
+            )
         if spec.get("startupPolicy") == c.STARTUP_POLICY_WAIT and _wait(ctx, owner, namespace, status, current):
             return Plan("wait")
         ctx.metrics.pods_cold.labels("TemplateChanged" if status.get("ready") else "CheckpointNotReady").inc()
@@ -146,6 +152,8 @@ def mutate_pod(
     *, body: kopf.Body, namespace: str | None, patch: kopf.Patch, memo: Any, logger: kopf.Logger, **_: Any
 ) -> None:
     ctx = ctx_of(memo)
+    if safe_env.capture_pod(ctx, body, namespace, patch, logger):
+        return  # a capture pod podsnap made (a Job's): never one to restore
     plan = restore_plan(ctx, body, namespace or (body.get("metadata") or {}).get("namespace"))
     if plan is None:
         return
@@ -161,6 +169,7 @@ def mutate_pod(
         logger.warning("pod not shaped for restore (cold start): %s", exc)
         ctx.metrics.pods_cold.labels("NotShapeable").inc()
         return
+    safe_env.apply(shaped, container, safe_env.wanted(ctx.config.checkpoint_env, shaped, plan.checkpoint_env))
     meta = shaped["metadata"]
     claims = Claims(RESTORE, plan.namespace, container, snapshot, plan.skip_compat)
     meta["annotations"][c.ANNOTATION_RESTORE_TOKEN] = ctx.tokens.mint(claims)
