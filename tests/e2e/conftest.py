@@ -108,6 +108,7 @@ def timings(e2e_config: E2EConfig) -> Iterator[Timings]:
         e2e_config.out_dir.mkdir(parents=True, exist_ok=True)
         doc: dict[str, Any] = {
             "kubeconfig": str(e2e_config.kubeconfig),
+            "cluster_type": e2e_config.cluster_type,
             "demo_image": e2e_config.demo_image,
             "gpu": e2e_config.gpu,
             "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
