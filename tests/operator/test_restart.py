@@ -97,7 +97,11 @@ def test_operator_sigkilled_mid_flow_converges_without_duplicates(env: Env, ns: 
             proc.kill()
         env.operator.ctx = operator_main.build_context(env.operator_ctx.config)
         env.operator.start()
-    wait_for(lambda: cond_is(env.cluster.get(c.PLURAL_SNAPSHOT_JOBS, "cap", ns), c.COND_COMPLETED), what="Completed")
+    wait_for(
+        lambda: cond_is(env.cluster.get(c.PLURAL_SNAPSHOT_JOBS, "cap", ns), c.COND_COMPLETED),
+        what="Completed",
+        timeout=120,
+    )
     assert [
         s["metadata"]["name"]
         for s in env.cluster.kube.custom.list_namespaced_custom_object(c.GROUP, c.VERSION, ns, c.PLURAL_POD_SNAPSHOTS)[
