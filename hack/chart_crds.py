@@ -330,6 +330,17 @@ SNAPSHOT_POLICY_SPEC: Schema = obj(
             "default": "Delete",
             "description": "What happens to the captured PodSnapshot and artifact when the policy is deleted.",
         },
+        "restoreFailurePolicy": {
+            "type": "string",
+            "enum": list(contract.RESTORE_FAILURE_POLICIES),
+            "default": contract.RESTORE_FAILURE_COLD_START,
+            "description": (
+                "What a restore pod does when its restore cannot work (failed, refused by a gate, timed out). "
+                "ColdStart: it runs its own command cold in the same pod (Restored=False, reason "
+                "FellBackToColdStart). Fail: it stays un-Ready with the cause as the reason. A pod's "
+                "podsnap.io/restore-failure-policy annotation overrides it."
+            ),
+        },
         "targetContainerName": {**CONTAINER_NAME, "default": "main"},
         "skipCompatCheck": {
             "type": "boolean",

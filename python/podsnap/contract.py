@@ -296,3 +296,33 @@ CHART_ENV["checkpointEnv"] = (ENV_CHECKPOINT_ENV, (COMPONENT_OPERATOR,))
 #: on a pod (template): "off" keeps the webhook from setting the checkpoint-safe environment on it
 ANNOTATION_CHECKPOINT_ENV: Final = f"{GROUP}/checkpoint-env"
 CHECKPOINT_ENV_OFF: Final = "off"
+# --- when a restore cannot work (issue 12; additive) ----------------------------------------------
+#: pod condition reason: the restore did not happen and the worker was started cold in the same pod; the
+#: message starts with the cause's own reason (e.g. "RestoreIncompatible: gate kernel: ...")
+REASON_FELL_BACK_TO_COLD_START: Final = "FellBackToColdStart"
+#: SnapshotPolicy.spec.restoreFailurePolicy, and the per-pod annotation below
+RESTORE_FAILURE_COLD_START: Final = "ColdStart"
+RESTORE_FAILURE_FAIL: Final = "Fail"
+RESTORE_FAILURE_POLICIES: Final = (RESTORE_FAILURE_COLD_START, RESTORE_FAILURE_FAIL)
+#: on a pod (its author may set it in the pod template; the webhook writes the effective value): what the pod
+#: does when its restore fails. Not a security control: it decides only whether this pod's own container runs
+#: its own command, which its author can already make it do (see docs/failures.md)
+ANNOTATION_RESTORE_FAILURE_POLICY: Final = f"{GROUP}/restore-failure-policy"
+#: env of a restore pod's target container, set by the webhook: the restore failure policy
+ENV_RESTORE_FAILURE_POLICY: Final = "PODSNAP_RESTORE_FAILURE_POLICY"
+#: env of a restore pod's target container, set by the webhook: seconds a restore that has begun may take;
+#: then the container exits (the runtime kills whatever was restored into it) and its restart starts cold
+ENV_RESTORE_MAX: Final = "PODSNAP_RESTORE_MAX_S"
+RESTORE_MAX_DEFAULT_S: Final = 900
+#: placeholder: the restore that had begun did not finish within PODSNAP_RESTORE_MAX_S
+FILE_RESTORE_TIMED_OUT: Final = "podsnap-restore-timed-out"
+#: the cause in a FellBackToColdStart message when the node agent restarted in the middle of the restore
+REASON_AGENT_RESTARTED: Final = "AgentRestarted"
+#: what the operator's webhook gives every restore pod (unless the container sets them itself): the chart's
+#: restore.pickupTimeoutSeconds and restore.timeoutSeconds, under the names the container reads
+CHART_ENV.update(
+    {
+        "restorePickupTimeout": (ENV_RESTORE_TIMEOUT, (COMPONENT_OPERATOR,)),
+        "restoreTimeout": (ENV_RESTORE_MAX, (COMPONENT_OPERATOR,)),
+    }
+)

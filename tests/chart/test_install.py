@@ -148,6 +148,7 @@ BAD: list[tuple[str, list[str]]] = [
     ),
     ("kind: SnapshotPolicy\nmetadata: {name: b2}\nspec: {startupPolicy: Immediate}", ["spec.targetRef"]),
     ("kind: SnapshotPolicy\nmetadata: {name: b3}\nspec: {targetRef: {kind: Deployment, name: w}, deletionPolicy: Forget}", ["spec.deletionPolicy"]),
+    ("kind: SnapshotPolicy\nmetadata: {name: b10}\nspec: {targetRef: {kind: Deployment, name: w}, restoreFailurePolicy: Retry}", ["spec.restoreFailurePolicy"]),
     ("kind: SnapshotJob\nmetadata: {name: b4}\nspec: {activeDeadlineSeconds: soon, podTemplate: {}}", ["spec.activeDeadlineSeconds"]),
     ("kind: SnapshotJob\nmetadata: {name: b5}\nspec: {activeDeadlineSeconds: 3600}", ["spec.podTemplate"]),
     ("kind: SnapshotJob\nmetadata: {name: b6}\nspec: {podTemplate: {}, activeDeadlineSeconds: 0}", ["spec.activeDeadlineSeconds"]),
@@ -177,6 +178,7 @@ def test_example_resources_are_accepted_and_defaulted(cluster: Cluster) -> None:
         "targetRef": {"kind": "Deployment", "name": "worker"},
         "startupPolicy": "WaitForCheckpoint",
         "deletionPolicy": "Delete",
+        "restoreFailurePolicy": "ColdStart",
         "targetContainerName": "main",
     }
     snap = cluster.get("-n", "examples", "podsnap", "snap")["spec"]

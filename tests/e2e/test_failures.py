@@ -1,6 +1,7 @@
 """Failures end visibly and safely: a corrupt artifact fails the restore, a snapshot from an incompatible
-node is refused with RestoreIncompatible (and either way the pod serves, started cold: a restore that
-cannot happen costs speed, never availability), and an agent killed in the middle of a capture leaves a
+node is refused with RestoreIncompatible (and either way the pod serves, started cold, with
+Restored=False/FellBackToColdStart naming the cause: a restore that cannot happen costs speed, never
+availability), and an agent killed in the middle of a capture leaves a
 failed job with a reason (or a retry that succeeds), never a lost worker."""
 
 from __future__ import annotations
@@ -82,12 +83,13 @@ def test_a_corrupt_artifact_fails_the_restore_and_the_pod_never_serves(
     artifacts.in_artifact(cluster, podsnap, content, artifacts.CORRUPT)
     pod = _new_pod_after_scale(cluster, podsnap, namespace, known, 2)
     verdict = _restore_verdict(cluster, podsnap, namespace, pod)
-    assert verdict == f"False/{contract.REASON_RESTORE_FAILED}", verdict
+    assert verdict == f"False/{contract.REASON_FELL_BACK_TO_COLD_START}", verdict
     cond = next(
         c
         for c in cluster.core.read_namespaced_pod(pod, namespace).status.conditions
         if c.type == contract.POD_CONDITION_RESTORED
     )
+    assert (cond.message or "").startswith(f"{contract.REASON_RESTORE_FAILED}: "), cond.message
     assert cond.message and any(
         w in cond.message.lower() for w in ("digest", "sha256", "corrupt", "tamper", "mismatch")
     ), f"RestoreFailed does not say the artifact is corrupt: {cond.message}"
@@ -124,12 +126,13 @@ def test_a_snapshot_from_an_incompatible_node_is_refused_with_restore_incompatib
     artifacts.record_digest(cluster, content, digest)
     pod = _new_pod_after_scale(cluster, podsnap, namespace, known, 2)
     verdict = _restore_verdict(cluster, podsnap, namespace, pod)
-    assert verdict == f"False/{contract.REASON_RESTORE_INCOMPATIBLE}", verdict
+    assert verdict == f"False/{contract.REASON_FELL_BACK_TO_COLD_START}", verdict
     cond = next(
         c
         for c in cluster.core.read_namespaced_pod(pod, namespace).status.conditions
         if c.type == contract.POD_CONDITION_RESTORED
     )
+    assert (cond.message or "").startswith(f"{contract.REASON_RESTORE_INCOMPATIBLE}: "), cond.message
     assert "kernel" in (cond.message or ""), f"RestoreIncompatible does not name the failed gate: {cond.message}"
     _assert_serves_cold(cluster, podsnap, namespace, pod, run.source_init_ids)
 

@@ -33,7 +33,7 @@ from podsnap.operator.config import DEFAULT_CHECKPOINT_ENV, OperatorConfig
 from tests.conftest import REPO, require_tool
 from tests.support.controlplane import free_port
 from tests.support.harness import render_chart
-from tests.support.operator_env import Env
+from tests.support.operator_env import Env, deployment, golden, pod_template, policy, ready_policy
 from tests.support.waiting import wait_for
 from tests.support.webhooks import validating_served_by
 
@@ -153,8 +153,11 @@ def test_rendered_values_reach_the_operator_config() -> None:
         "webhook.port=9103",
         "webhook.path=/hooks/mutate-pods",
         "seccomp.profileName=custom/profile.json",
+        "restore.pickupTimeoutSeconds=77",
+        "restore.timeoutSeconds=88",
     )
     config = OperatorConfig.from_env(container_env(docs, "Deployment", "operator"))
+    assert (config.restore_pickup_timeout_s, config.restore_max_s) == (77, 88)
     assert (config.log_level, config.health_port, config.metrics_port) == ("warning", 9101, 9102)
     assert (config.webhook_port, config.webhook_prefix) == (9103, "/hooks")
     assert config.webhook_cert_dir == Path(c.WEBHOOK_CERT_DIR_DEFAULT)
@@ -236,6 +239,7 @@ def test_rendered_values_reach_the_agent_config() -> None:
         (c.ENV_CHECKPOINT_ENV, "{not json", "expected JSON"),
         (c.ENV_CHECKPOINT_ENV, '{"env": {"A": 1}}', "expected JSON"),
         (c.ENV_CHECKPOINT_ENV, '{"enabled": "yes"}', "expected JSON"),
+        (c.ENV_RESTORE_MAX, "0", "expected a positive number of seconds"),
     ],
 )
 def test_a_malformed_variable_stops_the_operator_naming_it(name: str, value: str, says: str) -> None:
@@ -280,7 +284,9 @@ def webhook_tls(tmp_path: Path) -> tuple[Path, ssl.SSLContext]:
     return cert_dir, client
 
 
-def admission_review(url: str, client: ssl.SSLContext, pod: dict[str, Any] | None = None) -> dict[str, Any]:
+def admission_review(
+    url: str, client: ssl.SSLContext, pod: Mapping[str, Any] | None = None, namespace: str = "default"
+) -> dict[str, Any]:
     review = {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
@@ -289,7 +295,7 @@ def admission_review(url: str, client: ssl.SSLContext, pod: dict[str, Any] | Non
             "kind": {"group": "", "version": "v1", "kind": "Pod"},
             "resource": {"group": "", "version": "v1", "resource": "pods"},
             "operation": "CREATE",
-            "namespace": "default",
+            "namespace": namespace,
             "object": pod or {"metadata": {"name": "probe"}, "spec": {"containers": [{"name": "main", "image": "x"}]}},
             "userInfo": {"username": "probe"},
         },
@@ -299,6 +305,22 @@ def admission_review(url: str, client: ssl.SSLContext, pod: dict[str, Any] | Non
     )
     with urllib.request.urlopen(req, timeout=5, context=client) as resp:
         return dict(json.loads(resp.read()))
+
+
+def pod_of_a_ready_policy(env: Env, ns: str, tmp_path: Path) -> dict[str, Any]:
+    """A new pod of a Deployment whose SnapshotPolicy is Ready (its ReplicaSet as controller): what the webhook
+    shapes for restore."""
+    golden(env, ns)
+    template = pod_template("web", tmp_path / "ctl")
+    env.cluster.kube.apps.create_namespaced_deployment(ns, deployment("web", 0, template))
+    env.cluster.create(
+        c.PLURAL_SNAPSHOT_POLICIES, policy("pol", "Deployment", "web", checkpointRef={"name": "golden"}), ns
+    )
+    ready_policy(env, ns, "pol")
+    rs = wait_for(lambda: env.cluster.kube.apps.list_namespaced_replica_set(ns).items, what="the ReplicaSet")[0]
+    owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs.metadata.name, "uid": rs.metadata.uid}
+    meta = {**template["metadata"], "generateName": "web-", "ownerReferences": [{**owner, "controller": True}]}
+    return {"metadata": meta, "spec": template["spec"]}
 
 
 def test_every_operator_variable_changes_what_the_operator_process_does(env: Env, ns: str, tmp_path: Path) -> None:
@@ -313,9 +335,12 @@ def test_every_operator_variable_changes_what_the_operator_process_does(env: Env
         "webhook.path=/hooks/mutate-pods",
         "seccomp.profileName=custom/profile.json",
         "workload.checkpointEnv.env.PROBE_FLAG=from-values",
+        "restore.pickupTimeoutSeconds=77",
+        "restore.timeoutSeconds=88",
     )
     environ = container_env(docs, "Deployment", "operator")
     assert set(environ) == set(c.chart_env(c.COMPONENT_OPERATOR))
+    policy_pod = pod_of_a_ready_policy(env, ns, tmp_path)
     # the paths that must exist on this machine: the certificate and the token key (Secrets in the chart)
     cert_dir, client = webhook_tls(tmp_path)
     environ[c.ENV_WEBHOOK_CERT_DIR] = str(cert_dir)
@@ -355,6 +380,13 @@ def test_every_operator_variable_changes_what_the_operator_process_does(env: Env
             [added] = [op["value"] for op in ops if op["path"] == "/spec/containers/0/env"]  # it had no env
             assert {"name": "PROBE_FLAG", "value": "from-values"} in added
             seen.add(c.ENV_CHECKPOINT_ENV)
+            # a policy's pod is shaped with the chart's restore timeouts
+            shaped = admission_review(f"https://127.0.0.1:{webhook}/hooks/mutate-pods", client, policy_pod, ns)
+            patch = json.loads(base64.b64decode(shaped["response"]["patch"]))
+            env_ops = [op["value"] for op in patch if op["path"].startswith("/spec/containers/0/env/")]
+            given = {e["name"]: e.get("value") for e in env_ops}
+            assert (given[c.ENV_RESTORE_TIMEOUT], given[c.ENV_RESTORE_MAX]) == ("77", "88"), patch
+            seen.update((c.ENV_RESTORE_TIMEOUT, c.ENV_RESTORE_MAX))
             # capture pods run with the chart's seccomp profile
             # (the validating webhook, which fails closed, is this process's while the session operator is away)
             with validating_served_by(env.cluster, f"https://127.0.0.1:{webhook}/hooks", cert_dir / "ca.crt"):

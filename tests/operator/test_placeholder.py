@@ -23,9 +23,18 @@ ORIGINAL = ["sh", "-c", f'echo "cold-start control=${{{c.ENV_CONTROL_DIR}:-unset
 
 
 class Placeholder:
-    def __init__(self, control: Path, log: Path, timeout_s: int = 600) -> None:
+    def __init__(
+        self, control: Path, log: Path, timeout_s: int = 600, *, max_s: int = 900, policy: str | None = None
+    ) -> None:
         self.log = log
-        env = {"PATH": os.environ["PATH"], c.ENV_CONTROL_DIR: str(control), c.ENV_RESTORE_TIMEOUT: str(timeout_s)}
+        env = {
+            "PATH": os.environ["PATH"],
+            c.ENV_CONTROL_DIR: str(control),
+            c.ENV_RESTORE_TIMEOUT: str(timeout_s),
+            c.ENV_RESTORE_MAX: str(max_s),
+        }
+        if policy is not None:
+            env[c.ENV_RESTORE_FAILURE_POLICY] = policy
         with log.open("ab") as out:
             self.proc = subprocess.Popen(placeholder.command(ORIGINAL), env=env, stdout=out, stderr=out)
 
@@ -105,7 +114,7 @@ def test_no_restore_within_the_timeout_starts_cold(control: Path, tmp_path: Path
     p = Placeholder(control, tmp_path / "p.log", timeout_s=1)
     started.append(p)
     assert p.wait() == 0
-    assert "no restore within 1 s; starting the worker cold" in p.output()
+    assert "no restore began within 1 s; starting the worker cold" in p.output()
 
 
 def test_a_restore_under_way_outlasts_the_timeout(control: Path, tmp_path: Path, started: list) -> None:
@@ -130,6 +139,51 @@ def test_the_agent_backs_off_once_the_placeholder_started_cold(control: Path, tm
     assert p.wait() == 0
     assert not _claim(ControlDir(control)), "the container already runs its command cold"
     assert not (control / c.FILE_RESTORING).exists()
+
+
+def test_under_fail_a_failed_restore_holds_and_never_starts_the_command(
+    control: Path, tmp_path: Path, started: list
+) -> None:
+    p = Placeholder(control, tmp_path / "p.log", policy=c.RESTORE_FAILURE_FAIL)
+    started.append(p)
+    wait_for((control / c.FILE_PLACEHOLDER_STARTED).exists, what="the placeholder waiting")
+    (control / c.FILE_RESTORE_FAILED).write_text("RestoreIncompatible: gate kernel\n")
+    wait_for(lambda: "restoreFailurePolicy is Fail" in p.output(), what="the placeholder holding")
+    assert p.proc.poll() is None and "cold-start" not in p.output(), p.output()
+    assert not (control / c.FILE_STARTED_COLD).exists(), "the startup probe must keep failing"
+    p.stop()
+    # its restart (the startup probe ran out) holds again
+    again = Placeholder(control, tmp_path / "again.log", policy=c.RESTORE_FAILURE_FAIL)
+    started.append(again)
+    wait_for(lambda: "the restore failed earlier" in again.output(), what="the restarted placeholder holding")
+    assert again.proc.poll() is None and "cold-start" not in again.output()
+
+
+def test_under_fail_the_pickup_timeout_waits_for_the_agent(control: Path, tmp_path: Path, started: list) -> None:
+    p = Placeholder(control, tmp_path / "p.log", timeout_s=1, policy=c.RESTORE_FAILURE_FAIL)
+    started.append(p)
+    wait_for(lambda: "waiting for the agent" in p.output(), what="the placeholder past its pickup timeout")
+    assert p.proc.poll() is None and not (control / c.FILE_STARTED_COLD).exists()
+    worker = subprocess.Popen(["sleep", "300"])
+    started.append(worker)
+    restored(control, worker.pid)  # a late restore is still taken
+    wait_for(lambda: f"watching the worker (pid {worker.pid})" in p.output(), what="the placeholder watching")
+
+
+def test_a_restore_that_outlasts_its_maximum_ends_the_container_and_the_restart_starts_cold(
+    control: Path, tmp_path: Path, started: list
+) -> None:
+    assert _claim(ControlDir(control))
+    p = Placeholder(control, tmp_path / "p.log", timeout_s=1, max_s=2)
+    started.append(p)
+    assert p.wait() == 1, p.output()
+    assert "the restore did not finish within 2 s" in p.output()
+    assert (control / c.FILE_RESTORE_TIMED_OUT).exists()
+    again = Placeholder(control, tmp_path / "again.log", timeout_s=1, max_s=2)
+    started.append(again)
+    assert again.wait() == 0
+    assert "the restore did not finish within 2 s; starting the worker cold" in again.output()
+    assert "cold-start control=unset" in again.output()
 
 
 def test_pod_deletion_terminates_the_restored_worker_through_the_placeholder(

@@ -62,6 +62,11 @@ def restored(env: Env, ns: str, pod: str) -> dict[str, Any]:
     return wait_for(verdict, what=f"a restore verdict on {pod}")
 
 
+def fell_back(verdict: dict[str, Any], cause: str) -> bool:
+    """The pod fell back to a cold start (the default restoreFailurePolicy) because of `cause`."""
+    return bool(verdict["reason"] == c.REASON_FELL_BACK_TO_COLD_START and verdict["message"].startswith(f"{cause}: "))
+
+
 def write_status(env: Env, ns: str, name: str, status: dict[str, Any]) -> None:
     """What a namespace user with write access to PodSnapshot status can do."""
     env.cluster.kube.custom.patch_namespaced_custom_object_status(
@@ -111,7 +116,7 @@ def test_a_content_bound_to_another_snapshot_is_refused(env: Env, ns: str, tmp_p
     try:
         restore_pod(env, ns, "r", "forged", tmp_path / "ctl")
         verdict = restored(env, ns, "r")
-        assert verdict["reason"] == c.REASON_RESTORE_FAILED
+        assert fell_back(verdict, c.REASON_RESTORE_FAILED)
         assert f"bound to PodSnapshot {ns}/golden" in verdict["message"], verdict["message"]
         assert not env.executor.of("restore", "r", ns), "nothing is restored from another snapshot's artifact"
         assert not (tmp_path / "ctl" / c.FILE_RESTORE_COMPLETE).exists()
@@ -130,7 +135,7 @@ def test_a_snapshot_its_user_marked_ready_restores_nothing_before_its_content_is
     write_status(env, ns, "s", {"conditions": [READY]})
     restore_pod(env, ns, "r", "s", tmp_path / "ctl")
     verdict = restored(env, ns, "r")
-    assert verdict["reason"] == c.REASON_RESTORE_FAILED and "is not Ready" in verdict["message"], verdict
+    assert fell_back(verdict, c.REASON_RESTORE_FAILED) and "is not Ready" in verdict["message"], verdict
     assert not env.executor.of("restore", "r", ns)
 
 
@@ -144,7 +149,7 @@ def test_a_manifest_changed_after_its_capture_fails_the_restore(env: Env, ns: st
     manifest.write_text(manifest.read_text() + " ")
     restore_pod(env, ns, "r", "golden", tmp_path / "ctl")
     verdict = restored(env, ns, "r")
-    assert verdict["reason"] == c.REASON_RESTORE_FAILED and "changed after its capture" in verdict["message"]
+    assert fell_back(verdict, c.REASON_RESTORE_FAILED) and "changed after its capture" in verdict["message"]
 
 
 def test_failure_messages_are_one_line_that_says_where_the_log_is(env: Env, ns: str, tmp_path: Path) -> None:
@@ -163,14 +168,18 @@ def test_failure_messages_are_one_line_that_says_where_the_log_is(env: Env, ns: 
     finally:
         env.executor.fail_restore.pop("r", None)
     message = verdict["message"]
-    assert verdict["reason"] == c.REASON_RESTORE_FAILED
+    assert fell_back(verdict, c.REASON_RESTORE_FAILED)
     assert "\n" not in message and len(message) <= MESSAGE_MAX, message
-    assert message.startswith("restore failed during criu_restore") and message.endswith(f"(full log: {log})")
+    assert message.startswith("RestoreFailed: restore failed during criu_restore") and message.endswith(
+        f"(full log: {log})"
+    )
     events = wait_for(
         lambda: [
-            e for e in env.cluster.kube.core.list_namespaced_event(ns).items if e.reason == c.REASON_RESTORE_FAILED
+            e
+            for e in env.cluster.kube.core.list_namespaced_event(ns).items
+            if e.reason == c.REASON_FELL_BACK_TO_COLD_START
         ],
-        what="a RestoreFailed Event",
+        what="a FellBackToColdStart Event",
     )
     assert "\n" not in events[0].message and f"(full log: {log})" in events[0].message
     # the placeholder was told, in one line too

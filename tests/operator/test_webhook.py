@@ -62,7 +62,7 @@ def test_webhook_outage_means_a_cold_start_not_a_blocked_rollout(env: Env, ns: s
 
 
 def test_incompatible_restore_and_skip_annotation(env: Env, ns: str, tmp_path: Path) -> None:
-    """A refused gate ends in RestoreIncompatible naming the gate; the pod author's skip-compat-check is not
+    """A refused gate ends in a fallback whose cause is RestoreIncompatible naming the gate; the pod author's skip-compat-check is not
     honoured (only a SnapshotPolicy's skipCompatCheck is, through the restore token: tests/operator/test_tokens.py)."""
     golden(env, ns)
     control = tmp_path / "ctl"
@@ -81,13 +81,13 @@ def test_incompatible_restore_and_skip_annotation(env: Env, ns: str, tmp_path: P
     kubelet_runs_restore_pod(env, ns, pod, control)
     got = wait_for(
         lambda: (
-            cond_is(p := env.cluster.pod(ns, name), c.POD_CONDITION_RESTORED, "False", c.REASON_RESTORE_INCOMPATIBLE)
+            cond_is(p := env.cluster.pod(ns, name), c.POD_CONDITION_RESTORED, "False", c.REASON_FELL_BACK_TO_COLD_START)
             and p
         ),
-        what="RestoreIncompatible",
+        what="FellBackToColdStart",
     )
     cond = next(x for x in got["status"]["conditions"] if x["type"] == c.POD_CONDITION_RESTORED)
-    assert "gpu-model" in cond["message"]
+    assert cond["message"].startswith(f"{c.REASON_RESTORE_INCOMPATIBLE}: gate gpu-model"), cond
     assert env.executor.of("restore", name, ns)[0].request.skip_compat is False
     assert got["metadata"]["annotations"][c.ANNOTATION_SKIP_COMPAT_CHECK] == "false", "the webhook says what applies"
     assert not (control / c.FILE_RESTORE_COMPLETE).exists()

@@ -95,6 +95,9 @@ operator:
   tolerations: []
 rbac:
   aggregateClusterRoles: true
+restore:
+  pickupTimeoutSeconds: 600
+  timeoutSeconds: 900
 seccomp:
   enabled: true
   profileName: podsnap/block-io-uring.json

@@ -34,6 +34,12 @@ class AgentMetrics(Metrics):
             buckets=SECONDS,
             registry=self.registry,
         )
+        self.fallbacks = Counter(
+            "podsnap_agent_restore_fallbacks_total",
+            "Restore pods that started their worker cold instead (restoreFailurePolicy ColdStart), by cause",
+            ["cause"],
+            registry=self.registry,
+        )
         self.failures = Counter(
             "podsnap_agent_failures_total",
             "Failed captures and restores, by reason",

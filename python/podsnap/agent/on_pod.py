@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 TERMINAL_REASONS = (
     c.REASON_RESTORE_SUCCEEDED,
+    c.REASON_FELL_BACK_TO_COLD_START,
     c.REASON_RESTORE_FAILED,
     c.REASON_RESTORE_INCOMPATIBLE,
     c.REASON_ALREADY_COLD,
@@ -98,8 +99,7 @@ def pod_restore(*, body: kopf.Body, type: str | None, memo: Any, logger: kopf.Lo
         cid = _running_container_id(pod, container)
         if reason == c.REASON_RESTORE_IN_PROGRESS:
             # an earlier agent died mid-restore; whatever it left is not trusted to serve: the pod starts cold
-            ctl = _control_dir(ctx, pod, container, cid)
-            _fail(ctx, pod, c.REASON_RESTORE_FAILED, "the agent restarted during the restore", ctl)
+            abandon(ctx, pod, container, cid)
             return
         if cid is None:
             return  # the placeholder is not running yet; a later event brings it
@@ -123,20 +123,54 @@ def _control_dir(ctx: AgentContext, pod: Mapping[str, Any], container: str, cid:
     return control.control_dir(procs.root, control_dir_of(spec), ctx.config.proc_root)
 
 
-def _fail(ctx: AgentContext, pod: Mapping[str, Any], reason: str, message: str, ctl: ControlDir | None) -> None:
-    """Restored=False with the reason; and, through the control dir, the placeholder starts the worker cold."""
+def failure_policy(pod: Mapping[str, Any]) -> str:
+    """What the pod does when its restore fails (the webhook wrote the effective value; see restore_pod.py)."""
+    value = ((pod.get("metadata") or {}).get("annotations") or {}).get(c.ANNOTATION_RESTORE_FAILURE_POLICY)
+    return value if value in c.RESTORE_FAILURE_POLICIES else c.RESTORE_FAILURE_COLD_START
+
+
+def _fail(
+    ctx: AgentContext,
+    pod: Mapping[str, Any],
+    cause: str,
+    message: str,
+    ctl: ControlDir | None,
+    *,
+    fallback: bool = True,
+) -> None:
+    """The restore will not happen. The pod learns it through the control dir (its placeholder then starts
+    the worker cold, or under restoreFailurePolicy Fail waits). The condition is FellBackToColdStart with
+    the cause first in its message (ColdStart), or the cause itself (Fail, or `fallback=False`: a pod
+    podsnap did not shape, which nothing here tells to start cold)."""
+    line = message.splitlines()[0] if message.strip() else cause
+    if fallback and failure_policy(pod) == c.RESTORE_FAILURE_COLD_START:
+        cond = Condition(c.POD_CONDITION_RESTORED, False, c.REASON_FELL_BACK_TO_COLD_START, f"{cause}: {line}")
+        ctx.metrics.fallbacks.labels(cause).inc()
+    elif fallback:
+        cond = Condition(
+            c.POD_CONDITION_RESTORED, False, cause, f"{line} (restoreFailurePolicy Fail: the pod stays un-Ready)"
+        )
+    else:
+        cond = Condition(c.POD_CONDITION_RESTORED, False, cause, line)
     report(
         pod,
-        Condition(c.POD_CONDITION_RESTORED, False, reason, message),
+        cond,
         write=pod_condition(ctx.kube, pod),
         warning=True,
-        count=ctx.metrics.failures.labels("restore", reason),
+        count=ctx.metrics.failures.labels("restore", cause),
     )
     if ctl is not None:
         try:
-            ctl.write_file(c.FILE_RESTORE_FAILED, f"{reason}: {message.splitlines()[0][:300]}\n".encode())
+            ctl.write_file(c.FILE_RESTORE_FAILED, f"{cause}: {line[:300]}\n".encode())
         except OSError as exc:  # the container is gone or broken: its own timeout starts it cold
             log.warning("could not tell %s to start cold: %s", pod["metadata"]["name"], exc)
+
+
+def abandon(ctx: AgentContext, pod: Mapping[str, Any], container: str, cid: str | None) -> None:
+    """A restore an earlier agent process began and never finished: whatever it left is not trusted to
+    serve, so the pod falls back."""
+    ctl = _control_dir(ctx, pod, container, cid)
+    _fail(ctx, pod, c.REASON_AGENT_RESTARTED, "the node agent restarted during the restore", ctl)
 
 
 def _claim(ctl: ControlDir) -> bool:
@@ -218,7 +252,7 @@ def restore(
             )
         container_env = environ_of(procs.root, ctx.config.proc_root)
         if not _claim(ctl):
-            message = f"the container started its command cold before the restore (after {c.ENV_RESTORE_TIMEOUT})"
+            message = f"the container started its command cold: no restore began within its {c.ENV_RESTORE_TIMEOUT}"
             _fail(ctx, pod, c.REASON_ALREADY_COLD, message, None)
             return
         set_restored(ctx, pod, False, c.REASON_RESTORE_IN_PROGRESS, f"restoring from {snapshot}")
@@ -241,7 +275,7 @@ def restore(
         control.signal_restored(ctl, restore_context_env(pod, container_env, ctx.config.node_name))
     except Refused as exc:
         # nothing is written into a pod podsnap did not shape (its placeholder, if any, times out cold)
-        _fail(ctx, pod, exc.reason, str(exc), None)
+        _fail(ctx, pod, exc.reason, str(exc), None, fallback=False)
         return
     except IncompatibleError as exc:
         _fail(ctx, pod, c.REASON_RESTORE_INCOMPATIBLE, f"gate {exc.gate}: {exc}", ctl)
@@ -253,7 +287,10 @@ def restore(
             invalidate(ctx, content, str(exc))
         _fail(ctx, pod, c.REASON_RESTORE_FAILED, str(exc), ctl)
         return
-    except (ExecutionError, ContainerNotRunning, OSError) as exc:
+    except ExecutionError as exc:
+        _fail(ctx, pod, exc.reason, str(exc), ctl)
+        return
+    except (ContainerNotRunning, OSError) as exc:
         _fail(ctx, pod, c.REASON_RESTORE_FAILED, str(exc), ctl)
         return
     except Exception as exc:  # an executor bug must still end in a terminal condition

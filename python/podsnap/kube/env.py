@@ -40,6 +40,14 @@ def env_port(name: str, default: int, environ: Mapping[str, str] | None = None) 
     return port
 
 
+def env_seconds(name: str, default: int, environ: Mapping[str, str] | None = None) -> int:
+    """A positive whole number of seconds."""
+    seconds = env_int(name, default, environ)
+    if seconds < 1:
+        raise ConfigError(f"{name}={str(seconds)!r}: expected a positive number of seconds")
+    return seconds
+
+
 def env_path(name: str, default: str | Path, environ: Mapping[str, str] | None = None) -> Path:
     return Path(env_str(name, str(default), environ))
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from podsnap import contract as c
-from podsnap.kube.env import ConfigError, env_choice, env_path, env_port, env_str, log_level
+from podsnap.kube.env import ConfigError, env_choice, env_path, env_port, env_seconds, env_str, log_level
 from podsnap.workload.engines.checkpoint_env import COMMON
 
 #: the webhook handler's id; kopf serves it at `<prefix>/<id>`, so the chart's path must end with it
@@ -43,6 +43,10 @@ class OperatorConfig:
     #: what the pod webhook sets on the target container of capture and restore pods (operator/safe_env.py);
     #: None: nothing (workload.checkpointEnv.enabled false)
     checkpoint_env: dict[str, str] | None = field(default_factory=lambda: dict(DEFAULT_CHECKPOINT_ENV))
+    #: restore pods: seconds to wait for the node agent to begin the restore, then start cold
+    restore_pickup_timeout_s: int = c.RESTORE_TIMEOUT_DEFAULT_S
+    #: restore pods: seconds a restore that has begun may take, then the container restarts cold
+    restore_max_s: int = c.RESTORE_MAX_DEFAULT_S
 
     @property
     def webhook_prefix(self) -> str:
@@ -65,6 +69,8 @@ class OperatorConfig:
             log_level=log_level(c.ENV_LOG_LEVEL, "info", environ),
             scheduling_gates=env_choice(c.ENV_SCHEDULING_GATES, SCHEDULING_GATE_MODES, "auto", environ),
             checkpoint_env=checkpoint_env_from(environ),
+            restore_pickup_timeout_s=env_seconds(c.ENV_RESTORE_TIMEOUT, c.RESTORE_TIMEOUT_DEFAULT_S, environ),
+            restore_max_s=env_seconds(c.ENV_RESTORE_MAX, c.RESTORE_MAX_DEFAULT_S, environ),
         )
 
 

@@ -17,7 +17,7 @@ from podsnap.kube.tokens import RESTORE, Claims
 from podsnap.operator import safe_env
 from podsnap.operator.config import WEBHOOK_PATH_ID
 from podsnap.operator.policy import serving_replicas, template_hash
-from podsnap.operator.restore_pod import NotShapeable, shape
+from podsnap.operator.restore_pod import NotShapeable, Timeouts, failure_policy, shape
 from podsnap.operator.runtime import OperatorContext, ctx_of, registry
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,8 @@ class Plan:
     skip_compat: bool = False
     #: the policy's spec.checkpointEnv (safe_env.py)
     checkpoint_env: safe_env.Override = field(default_factory=safe_env.Override)
+    #: the policy's restoreFailurePolicy (a pod's own podsnap.io/restore-failure-policy overrides it)
+    on_failure: str = c.RESTORE_FAILURE_COLD_START
 
 
 def restore_plan(ctx: OperatorContext, pod: Mapping[str, Any], namespace: str | None) -> Plan | None:
@@ -109,8 +111,17 @@ def restore_plan(ctx: OperatorContext, pod: Mapping[str, Any], namespace: str | 
             container = spec.get("targetContainerName") or "main"
             skip = spec.get("skipCompatCheck") is True
             where = f"SnapshotPolicy {namespace}/{policy['metadata']['name']}"
+            on_failure = spec.get("restoreFailurePolicy")
+            if on_failure not in c.RESTORE_FAILURE_POLICIES:
+                on_failure = c.RESTORE_FAILURE_COLD_START
             return Plan(
-                "restore", status["checkpointName"], container, namespace, skip, safe_env.override_of(spec, where)
+                "restore",
+                status["checkpointName"],
+                container,
+                namespace,
+                skip,
+                checkpoint_env=safe_env.override_of(spec, where),
+                on_failure=on_failure,
             )
         if spec.get("startupPolicy") == c.STARTUP_POLICY_WAIT and _wait(ctx, owner, namespace, status, current):
             return Plan("wait")
@@ -163,8 +174,10 @@ def mutate_pod(
         logger.info("pod held until its checkpoint is Ready (WaitForCheckpoint)")
         return
     snapshot, container = plan.snapshot, plan.container
+    on_failure = failure_policy(body, plan.on_failure)
+    timeouts = Timeouts(ctx.config.restore_pickup_timeout_s, ctx.config.restore_max_s)
     try:
-        shaped = shape(body, snapshot=snapshot, container=container)
+        shaped = shape(body, snapshot=snapshot, container=container, on_failure=on_failure, timeouts=timeouts)
     except NotShapeable as exc:
         logger.warning("pod not shaped for restore (cold start): %s", exc)
         ctx.metrics.pods_cold.labels("NotShapeable").inc()

@@ -30,6 +30,8 @@ class PolicySpec:
     deletion: str
     container: str
     checkpoint_ref: str | None
+    #: what a restore pod does when its restore fails: ColdStart (its command, in the same pod) or Fail
+    on_failure: str = c.RESTORE_FAILURE_COLD_START
 
 
 def parse_spec(spec: Mapping[str, Any] | None) -> PolicySpec:
@@ -46,8 +48,12 @@ def parse_spec(spec: Mapping[str, Any] | None) -> PolicySpec:
     deletion = spec.get("deletionPolicy") or c.DELETION_POLICY_DELETE
     if deletion not in (c.DELETION_POLICY_DELETE, c.DELETION_POLICY_RETAIN):
         raise InvalidPolicy(f"spec.deletionPolicy must be Delete or Retain, got {deletion!r}")
+    on_failure = spec.get("restoreFailurePolicy") or c.RESTORE_FAILURE_COLD_START
+    if on_failure not in c.RESTORE_FAILURE_POLICIES:
+        raise InvalidPolicy(f"spec.restoreFailurePolicy must be ColdStart or Fail, got {on_failure!r}")
     ref_name = (spec.get("checkpointRef") or {}).get("name") or None
-    return PolicySpec(kind, name, startup, deletion, spec.get("targetContainerName") or "main", ref_name)
+    container = spec.get("targetContainerName") or "main"
+    return PolicySpec(kind, name, startup, deletion, container, ref_name, on_failure)
 
 
 def canonical_template(template: Mapping[str, Any]) -> dict[str, Any]:

@@ -21,7 +21,12 @@ from tests.e2e.support.config import E2EConfig
 from tests.e2e.support.k8s import Cluster, Pending, condition, pod_condition, pod_ready, wait_until
 
 CONTAINER = "main"
-TERMINAL_RESTORE_FAILURES = (contract.REASON_RESTORE_FAILED, contract.REASON_RESTORE_INCOMPATIBLE)
+#: a pod whose restore ended so did not restore (it falls back to a cold start, or holds under Fail)
+TERMINAL_RESTORE_FAILURES = (
+    contract.REASON_FELL_BACK_TO_COLD_START,
+    contract.REASON_RESTORE_FAILED,
+    contract.REASON_RESTORE_INCOMPATIBLE,
+)
 
 
 # --- manifests -----------------------------------------------------------------------------------
