@@ -306,7 +306,7 @@ RESTORE_FAILURE_FAIL: Final = "Fail"
 RESTORE_FAILURE_POLICIES: Final = (RESTORE_FAILURE_COLD_START, RESTORE_FAILURE_FAIL)
 #: on a pod (its author may set it in the pod template; the webhook writes the effective value): what the pod
 #: does when its restore fails. Not a security control: it decides only whether this pod's own container runs
-#: its own command, which its author can already make it do (see docs/failures.md)
+#: its own command, which its author can already make it do (see docs/troubleshooting.md)
 ANNOTATION_RESTORE_FAILURE_POLICY: Final = f"{GROUP}/restore-failure-policy"
 #: env of a restore pod's target container, set by the webhook: the restore failure policy
 ENV_RESTORE_FAILURE_POLICY: Final = "PODSNAP_RESTORE_FAILURE_POLICY"
