@@ -86,6 +86,43 @@ def artifact_check(*, body: kopf.Body, name: str, memo: Any, logger: kopf.Logger
         logger.warning("artifact of %s is unusable: marked %s", name, c.REASON_ARTIFACT_LOST)
 
 
+#: what a capture (the engine's staging dir) or a deletion (the artifact renamed aside) leaves next to an
+#: artifact directory when the agent dies in the middle of it
+LEFTOVER_PATTERNS = (".{name}.staging-*", ".{name}.deleting-*")
+
+
+def sweep_leftovers(ctx: AgentContext) -> list[str]:
+    """Remove what an earlier agent of this node left half done next to its contents' artifacts: capture
+    staging dirs and artifacts renamed aside for deletion. Run at start, before this process begins any
+    capture (kopf runs startup handlers before it watches anything), so none of them is in use. Only this
+    node's contents are looked at: the volume may be shared, and another node's staging may be live.
+    Returns the paths removed, relative to the artifact root."""
+    root = ctx.config.artifact_root
+    found = ctx.kube.custom.list_cluster_custom_object(
+        c.GROUP,
+        c.VERSION,
+        c.PLURAL_POD_SNAPSHOT_CONTENTS,
+        label_selector=f"{c.LABEL_SNAPSHOT_NODE}={ctx.config.node_name}",
+    )
+    removed: list[str] = []
+    for content in found.get("items") or []:
+        rel = (content.get("spec") or {}).get("artifactPath")
+        if not rel:
+            continue
+        try:
+            target = artifact_dir(root, rel)
+        except ExecutionError:
+            continue
+        if not target.parent.is_dir():
+            continue
+        for pattern in LEFTOVER_PATTERNS:
+            for leftover in target.parent.glob(pattern.format(name=target.name)):
+                shutil.rmtree(leftover, ignore_errors=True)
+                if not leftover.exists():
+                    removed.append(str(leftover.relative_to(root.resolve())))
+    return sorted(removed)
+
+
 def prune_logs(ctx: AgentContext) -> None:
     """Keep the newest KEEP_LOGS failed runs' logs of this node."""
     logs = ctx.config.logs_dir
