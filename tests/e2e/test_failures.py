@@ -80,7 +80,8 @@ def test_a_corrupt_artifact_fails_the_restore_and_the_pod_never_serves(
     run = run_capture(cluster, podsnap, namespace, APP, serve=False)
     known = _settled(cluster, podsnap, namespace)
     content = artifacts.content_of(cluster, run.snapshot)
-    artifacts.in_artifact(cluster, podsnap, content, artifacts.CORRUPT)
+    # the node-local cache's verified copy is corrupted too: its seal must drop it (a good copy would restore)
+    artifacts.corrupt_everywhere(cluster, podsnap, content)
     pod = _new_pod_after_scale(cluster, podsnap, namespace, known, 2)
     verdict = _restore_verdict(cluster, podsnap, namespace, pod)
     assert verdict == f"False/{contract.REASON_FELL_BACK_TO_COLD_START}", verdict

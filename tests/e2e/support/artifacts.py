@@ -45,22 +45,48 @@ def in_artifact(cluster: Cluster, cfg: E2EConfig, content: dict[str, Any], scrip
     return out.stdout.strip()
 
 
+def corrupt_everywhere(cluster: Cluster, cfg: E2EConfig, content: dict[str, Any]) -> str:
+    """Flips bytes of the artifact's largest file on the volume AND in every copy the node-local cache
+    holds of it (waiting first for the prefetch or first restore to have made one, when the agent has a
+    cache): a sealed cache entry, written to, must be dropped, so the restore reads the corrupt volume."""
+    pod = agent_pod(cluster, cfg, content["spec"]["nodeName"])
+    sh = (
+        f'ARTIFACT="{ROOT}/{content["spec"]["artifactPath"]}" CONTENT="{content["metadata"]["name"]}" '
+        f'CACHE="${{{contract.ENV_CACHE_DIR}:-}}" PREFETCH="${{{contract.ENV_PREFETCH_CONCURRENCY}:-1}}" '
+        f'TIMEOUT="{cfg.timeout_s}" exec python3 -c "$0"'
+    )
+    out = cluster.kubectl("exec", "-n", cfg.release_namespace, pod, "--", "sh", "-c", sh, CORRUPT_EVERYWHERE)
+    return out.stdout.strip()
+
+
 def artifact_exists(cluster: Cluster, cfg: E2EConfig, content: dict[str, Any]) -> bool:
     script = "import os; print(os.path.isfile(os.path.join(os.environ['ARTIFACT'], 'manifest.json')))"
     return in_artifact(cluster, cfg, content, script) == "True"
 
 
-CORRUPT = """
-import os
+CORRUPT_EVERYWHERE = """
+import glob, os, time
+def flip(path):
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.seek(size // 2)
+        data = f.read(64)
+        f.seek(size // 2)
+        f.write(bytes(b ^ 0xFF for b in data) or b"podsnap-e2e")
 root = os.environ["ARTIFACT"]
 files = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f != "manifest.json"]
 victim = max(files, key=os.path.getsize)
-with open(victim, "r+b") as f:
-    f.seek(os.path.getsize(victim) // 2)
-    data = f.read(64)
-    f.seek(os.path.getsize(victim) // 2)
-    f.write(bytes(b ^ 0xFF for b in data) or b"podsnap-e2e")
-print(victim)
+rel = os.path.relpath(victim, root)
+copies = []
+if os.environ["CACHE"] and os.environ["PREFETCH"] != "0":
+    pattern = os.path.join(os.environ["CACHE"], "entries", os.environ["CONTENT"] + "@*", "artifact")
+    deadline = time.monotonic() + float(os.environ["TIMEOUT"])
+    while not glob.glob(pattern) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    copies = [os.path.join(d, rel) for d in glob.glob(pattern) if os.path.isfile(os.path.join(d, rel))]
+for path in [victim, *copies]:
+    flip(path)
+print(victim, len(copies))
 """
 
 # a snapshot that claims it was taken on another kernel: what a node with another kernel would see;
