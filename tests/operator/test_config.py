@@ -12,12 +12,13 @@ import os
 import ssl
 import subprocess
 import sys
+import tempfile
 import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
@@ -70,14 +71,22 @@ def http_get(url: str) -> str:
         return str(resp.read().decode())
 
 
+#: pid -> the file a process started by `process` writes its output to
+_OUTPUT: dict[int, IO[bytes]] = {}
+
+
 @contextmanager
 def process(component: str, environ: Mapping[str, str], kubeconfig: Path) -> Iterator[subprocess.Popen[bytes]]:
+    # output to a file, not a pipe: a debug-level process logging past the pipe's 64 KiB before the test
+    # reads it would block in write() and stop answering (the more objects earlier tests left, the sooner)
+    out = tempfile.TemporaryFile()  # noqa: SIM115 (read and closed by output_of, after the process ended)
     proc = subprocess.Popen(
         [str(BIN / f"podsnap-{component}"), "--kubeconfig", str(kubeconfig)],
         env={**os.environ, **environ},
-        stdout=subprocess.PIPE,
+        stdout=out,
         stderr=subprocess.STDOUT,
     )
+    _OUTPUT[proc.pid] = out
     try:
         yield proc
     finally:
@@ -90,8 +99,10 @@ def process(component: str, environ: Mapping[str, str], kubeconfig: Path) -> Ite
 
 
 def output_of(proc: subprocess.Popen[bytes]) -> str:
-    assert proc.stdout is not None and proc.poll() is not None
-    return proc.stdout.read().decode(errors="replace")
+    assert proc.poll() is not None
+    with _OUTPUT.pop(proc.pid) as out:
+        out.seek(0)
+        return out.read().decode(errors="replace")
 
 
 # --- the names: one source ------------------------------------------------------------------------
