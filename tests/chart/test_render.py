@@ -214,6 +214,16 @@ def test_agent_is_privileged_host_pid_on_gpu_nodes(default_docs: Docs) -> None:
     }
 
 
+def test_the_agent_is_given_the_time_of_an_operation_in_flight_before_it_is_killed(default_docs: Docs) -> None:
+    """A stopping agent finishes (or rolls back) the capture or restore it is running; a SIGKILL before
+    that could leave the source's CUDA state locked. So its grace period outlasts CRIU's own timeout."""
+    from podsnap.engine import CriuOptions
+
+    ds = find(default_docs, "DaemonSet", "podsnap-agent")
+    grace = ds["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace >= CriuOptions().timeout_s + 60, f"agent grace {grace} s < CRIU timeout {CriuOptions().timeout_s} s"
+
+
 def test_only_the_agent_mounts_the_artifact_claim(matrix: dict[str, Docs]) -> None:
     for name, docs in matrix.items():
         for doc in docs:
