@@ -318,6 +318,8 @@ RESTORE_MAX_DEFAULT_S: Final = 900
 FILE_RESTORE_TIMED_OUT: Final = "podsnap-restore-timed-out"
 #: the cause in a FellBackToColdStart message when the node agent restarted in the middle of the restore
 REASON_AGENT_RESTARTED: Final = "AgentRestarted"
+#: a capture refused, before it touched the source, for want of room on the artifact volume
+REASON_STORAGE_FULL: Final = "StorageFull"
 #: what the operator's webhook gives every restore pod (unless the container sets them itself): the chart's
 #: restore.pickupTimeoutSeconds and restore.timeoutSeconds, under the names the container reads
 CHART_ENV.update(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -159,14 +160,50 @@ def _request(ctx: AgentContext, name: str, spec: Mapping[str, Any]) -> CaptureRe
         procs = find_processes(cid, ctx.config.proc_root)
     except ContainerNotRunning as exc:
         raise ExecutionError(str(exc), reason=c.REASON_CONTAINER_NOT_FOUND) from exc
+    dest = artifact_dir(ctx.config.artifact_root, spec.get("artifactPath") or name)
+    check_room(dest, resident_bytes(procs.pids, ctx.config.proc_root))
     return CaptureRequest(
         pod=PodRef(ref["namespace"], ref["name"], pod["metadata"]["uid"], container, cid),
         pids=procs.pids,
         root_pid=procs.root,
-        artifact_dir=artifact_dir(ctx.config.artifact_root, spec.get("artifactPath") or name),
+        artifact_dir=dest,
         node=ctx.config.node_name,
         source_facts=gates.source_facts(pod, container),
     )
+
+
+def resident_bytes(pids: tuple[int, ...], proc_root: Path = Path("/proc")) -> int:
+    """The resident memory of the tree: what its artifact holds at least (a CUDA checkpoint adds the GPU
+    memory's host copy on top)."""
+    total = 0
+    for pid in pids:
+        try:
+            for line in (proc_root / str(pid) / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+
+
+def check_room(dest: Path, need: int) -> None:
+    """Refuse a capture, before anything touches the source, when the artifact volume has not the room for
+    what the capture will write at least: it would fill the volume and fail after the dump."""
+    where = dest
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    if need > free:
+        raise ExecutionError(
+            f"the artifact volume has {_size(free)} free and this capture needs at least {_size(need)} "
+            "(the source's resident memory); the source was not touched and keeps running. Free space on the "
+            "volume or enlarge it (storage.size), then capture again",
+            reason=c.REASON_STORAGE_FULL,
+        )
 
 
 def fail(ctx: AgentContext, body: Mapping[str, Any], reason: str, message: str) -> NoReturn:

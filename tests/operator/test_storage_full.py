@@ -1,0 +1,54 @@
+"""A capture refuses to start, with reason StorageFull, when the artifact volume has not the room for what it
+would write at least (the source's resident memory): the source is not touched and keeps running. A real
+agent on a real, tiny tmpfs volume, against the real API server; the executor is the recording fake."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from podsnap import contract as c
+from podsnap.agent import main as agent_main
+from tests.support.harness import KopfThread, cgroups_writable, condition
+from tests.support.operator_env import OTHER_NODE, Env, failed_with, podsnapshot, running_pod
+from tests.support.recording import RecordingExecutor
+
+pytestmark = pytest.mark.skipif(cgroups_writable() is not None, reason=str(cgroups_writable()))
+
+
+@pytest.fixture
+def tiny_volume(tmp_path: Path) -> Iterator[Path]:
+    volume = tmp_path / "tiny"
+    volume.mkdir()
+    got = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tiny", str(volume)], check=False, capture_output=True, text=True
+    )
+    if got.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {got.stderr.strip()}")
+    try:
+        yield volume
+    finally:
+        subprocess.run(["umount", "-l", str(volume)], check=False)
+
+
+def test_a_capture_without_room_on_the_volume_is_refused_and_the_source_keeps_running(
+    env: Env, ns: str, tiny_volume: Path
+) -> None:
+    executor = RecordingExecutor()
+    config = dataclasses.replace(env.agent_ctx.config, node_name=OTHER_NODE, artifact_root=tiny_volume)
+    agent_b = KopfThread("agent-b", agent_main.run, agent_main.build_context(config, executor)).start()
+    try:
+        _, source = running_pod(env, ns, "src", node=OTHER_NODE)
+        env.cluster.create(c.PLURAL_POD_SNAPSHOTS, podsnapshot("s", "src"), ns)
+        snap = failed_with(env, ns, "s", c.REASON_STORAGE_FULL)
+    finally:
+        agent_b.stop()
+    message = (condition(snap, c.COND_FAILED) or {})["message"]
+    assert "MiB free" in message and "keeps running" in message, message
+    assert not executor.of("capture", "src", ns), "nothing may touch the source"
+    assert source.proc is not None and source.proc.poll() is None, "the source keeps running"
+    assert not [p for p in tiny_volume.rglob("*") if p.is_file()], "no half artifact on the volume"
