@@ -1,18 +1,23 @@
 """What an agent finds when it starts after an earlier one died mid-operation: staging dirs of its node's
-captures and artifacts renamed aside for deletion are removed; another node's are left alone (the volume
-may be shared, and that node's capture may be live). Real API server and agent (a fresh one: nothing in
+captures and artifacts renamed aside for deletion are removed, another node's left alone (the volume may
+be shared, and that node's capture may be live); a restore left half done is killed in its container and
+the pod falls back. Real API server and agent (a fresh one: nothing in
 memory); the executor is the recording fake."""
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from podsnap import contract as c
 from podsnap.agent import main as agent_main
-from tests.support.harness import cgroups_writable
-from tests.support.operator_env import OTHER_NODE, Env, golden, podsnapshot, running_pod
+from podsnap.operator.restore_pod import shape
+from tests.support.harness import cgroups_writable, condition
+from tests.support.operator_env import NODE, OTHER_NODE, Env, golden, podsnapshot, restore_token, running_pod
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(cgroups_writable() is not None, reason=str(cgroups_writable()))
@@ -54,3 +59,87 @@ def test_a_starting_agent_removes_what_its_node_left_half_done_and_only_that(env
     assert live.is_dir(), "another node's staging may be a capture in flight: never removed"
     assert unrelated.is_dir(), "only podsnap's own leftovers are removed"
     assert (sorted(p.name for p in mine.iterdir()) if mine.is_dir() else []) == published, "the artifact stays"
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture
+def pid_namespace() -> Iterator[tuple[int, int]]:
+    """(the PID 1 of a new PID namespace, standing in for the pod's pause; a child of it, standing in for
+    the worker CRIU restored and re-parented to pause)."""
+    unshare = subprocess.Popen(["unshare", "--pid", "--fork", "sh", "-c", "sleep 300 & wait"])
+    try:
+        pause = wait_for(lambda: (k := children(unshare.pid)) and k[0], what="the namespace's PID 1")
+        worker = wait_for(lambda: (k := children(pause)) and k[0], what="the worker in it")
+        yield pause, worker
+    finally:
+        unshare.kill()
+        unshare.wait()
+
+
+def test_a_restore_the_earlier_agent_left_half_done_is_killed_and_the_pod_falls_back(
+    env: Env, ns: str, tmp_path: Path, pid_namespace: tuple[int, int]
+) -> None:
+    golden(env, ns)
+    _, restored_worker = pid_namespace
+    control = tmp_path / "ctl"
+    control.mkdir()
+    env.agent.stop()  # the agent dies in the middle of a restore into this pod
+    pod = {
+        "metadata": {"name": "r"},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "worker:1",
+                    "command": ["python", "-m", "worker"],
+                    "env": [{"name": c.ENV_CONTROL_DIR, "value": str(control)}],
+                }
+            ]
+        },
+    }
+    shaped = shape(pod, snapshot="golden", container="main")
+    shaped["metadata"]["annotations"][c.ANNOTATION_RESTORE_TOKEN] = restore_token(env, ns, "golden")
+    env.cluster.kube.core.create_namespaced_pod(ns, shaped)
+    env.cluster.kubelet_bind(ns, "r", NODE)
+    placeholder = env.cluster.kubelet_container({c.ENV_CONTROL_DIR: str(control)})
+    env.cluster.kubelet_run(ns, "r", ready=False, container_ids={"main": placeholder.container_id})
+    in_progress = {
+        "type": c.POD_CONDITION_RESTORED,
+        "status": "False",
+        "reason": c.REASON_RESTORE_IN_PROGRESS,
+        "message": "restoring from golden",
+        "lastTransitionTime": "2026-12-01T00:00:00Z",
+    }
+    current = env.cluster.pod(ns, "r") or {}
+    conds = [*((current.get("status") or {}).get("conditions") or []), in_progress]
+    env.cluster.kube.core.patch_namespaced_pod_status("r", ns, {"status": {"conditions": conds}})
+    # what CRIU had restored: in the container's cgroups, a child of the pod's PID 1
+    (placeholder.cgroup / "cgroup.procs").write_text(f"{restored_worker}\n")
+
+    env.agent.ctx = agent_main.build_context(env.agent_ctx.config, env.executor)
+    env.agent.start()
+
+    def verdict() -> dict[str, Any] | None:
+        cond = condition(env.cluster.pod(ns, "r"), c.POD_CONDITION_RESTORED)
+        return cond if cond and cond["reason"] != c.REASON_RESTORE_IN_PROGRESS else None
+
+    cond = wait_for(verdict, what="a verdict on the half-restored pod")
+    assert cond["reason"] == c.REASON_FELL_BACK_TO_COLD_START, cond
+    assert cond["message"].startswith(f"{c.REASON_AGENT_RESTARTED}: "), cond
+    assert f"killed what it had restored (pids [{restored_worker}])" in cond["message"], cond
+    wait_for(lambda: not Path(f"/proc/{restored_worker}").exists(), what="the half-restored worker gone")
+    assert placeholder.proc is not None and placeholder.proc.poll() is None, "the container's own process lives"
+    assert (control / c.FILE_RESTORE_FAILED).read_text().startswith(f"{c.REASON_AGENT_RESTARTED}: ")
+    assert not env.executor.of("restore", "r", ns), "nothing is restored into it again"

@@ -72,3 +72,48 @@ def ns_pid(pid: int, proc_root: Path = Path("/proc")) -> int:
         if line.startswith("NSpid:"):
             return int(line.split()[-1])
     return pid
+
+
+def _nspid_is_one(pid: int, proc_root: Path) -> bool:
+    try:
+        for line in (proc_root / str(pid) / "status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return line.split()[-1] == "1"
+    except OSError:
+        pass
+    return False
+
+
+def restored_in(container_id: str, proc_root: Path = Path("/proc")) -> list[int]:
+    """Processes in the container's cgroup that its own process did not start: a tree CRIU restored (it
+    joins the container's cgroups and is re-parented to the pod's PID 1, pause), with its descendants.
+    The container's own process (the placeholder, whose parent is the runtime's shim) and its children
+    are not among them. Parents before children."""
+    cid = strip_runtime(container_id)
+    parents: dict[int, int] = {}
+    for entry in proc_root.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if cid in (entry / "cgroup").read_text():
+                parents[int(entry.name)] = _ppid((entry / "status").read_text())
+        except OSError:
+            continue
+    roots = [pid for pid, ppid in parents.items() if ppid not in parents and _nspid_is_one(ppid, proc_root)]
+    found: list[int] = []
+    todo = sorted(roots)
+    while todo:
+        pid = todo.pop(0)
+        found.append(pid)
+        todo.extend(sorted(p for p, pp in parents.items() if pp == pid))
+    return found
+
+
+def kill_restored(container_id: str, proc_root: Path = Path("/proc")) -> list[int]:
+    """SIGKILL what a restore left in the container (see `restored_in`); returns the host PIDs killed."""
+    from podsnap import engine
+
+    pids = restored_in(container_id, proc_root)
+    if pids:
+        engine.kill_tree(pids)
+    return pids

@@ -20,7 +20,7 @@ from podsnap import contract as c
 from podsnap.agent import control, gates
 from podsnap.agent.artifacts import invalidate
 from podsnap.agent.authz import Refused, restore_target
-from podsnap.agent.containers import ContainerNotRunning, environ_of, find_processes, ns_pid
+from podsnap.agent.containers import ContainerNotRunning, environ_of, find_processes, kill_restored, ns_pid
 from podsnap.agent.executor import ArtifactUnusable, ExecutionError, IncompatibleError, PodRef, RestoreRequest
 from podsnap.agent.on_content import artifact_dir
 from podsnap.agent.runtime import AgentContext, ctx_of, registry
@@ -167,10 +167,18 @@ def _fail(
 
 
 def abandon(ctx: AgentContext, pod: Mapping[str, Any], container: str, cid: str | None) -> None:
-    """A restore an earlier agent process began and never finished: whatever it left is not trusted to
-    serve, so the pod falls back."""
+    """A restore an earlier agent process began and never finished: kill whatever it restored into the
+    container (a tree CRIU left stopped before its memory was filled, or running without its GPU state),
+    then fall back."""
+    killed: list[int] = []
+    if cid is not None:
+        try:
+            killed = kill_restored(cid, ctx.config.proc_root)
+        except OSError as exc:
+            log.warning("could not look for what was restored into %s: %s", pod["metadata"]["name"], exc)
     ctl = _control_dir(ctx, pod, container, cid)
-    _fail(ctx, pod, c.REASON_AGENT_RESTARTED, "the node agent restarted during the restore", ctl)
+    extra = f"; killed what it had restored (pids {killed})" if killed else ""
+    _fail(ctx, pod, c.REASON_AGENT_RESTARTED, f"the node agent restarted during the restore{extra}", ctl)
 
 
 def _claim(ctl: ControlDir) -> bool:
