@@ -232,3 +232,51 @@ def test_as_pid_1_in_standby_sigterm_ends_the_placeholder() -> None:
         if u.poll() is None:
             os.kill(pid1, signal.SIGKILL)
             u.wait(timeout=10)
+
+
+def test_standby_starts_cold_at_once_when_the_restore_failed_and_the_worker_sees_no_control_dir(
+    tmp_path: Path,
+) -> None:
+    control = tmp_path / "ctl"
+    control.mkdir()
+    out = tmp_path / "cold"
+    p = subprocess.Popen(
+        [*RUN, "--", "sh", "-c", f'echo "control=${{{contract.ENV_CONTROL_DIR}:-unset}}" > {out}'],
+        env=env(**{contract.ENV_RESTORE_STANDBY: "1", contract.ENV_CONTROL_DIR: str(control)}),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    (control / contract.FILE_RESTORE_FAILED).write_text("RestoreIncompatible: gate kernel\n")
+    assert p.wait(timeout=10) == 0
+    assert wait_for(out).strip() == "control=unset", "a cold worker must not wait for a checkpoint"
+    assert (control / contract.FILE_STARTED_COLD).exists(), "the startup probe passes on a cold start"
+    assert p.stderr is not None and "the restore failed: RestoreIncompatible: gate kernel" in p.stderr.read()
+
+
+def test_standby_takes_its_timeout_from_the_restore_pods_variable_and_waits_for_a_restore_under_way(
+    tmp_path: Path,
+) -> None:
+    control = tmp_path / "ctl"
+    control.mkdir()
+    (control / contract.FILE_RESTORING).write_text("1\n")  # the agent has begun a restore
+    marker = tmp_path / "cold"
+    extra = {
+        contract.ENV_RESTORE_STANDBY: "1",
+        contract.ENV_CONTROL_DIR: str(control),
+        contract.ENV_RESTORE_TIMEOUT: "0.2",
+    }
+    p = subprocess.Popen([*RUN, "--", "sh", "-c", f"echo cold > {marker}"], env=env(**extra), stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:  # well past the timeout: a begun restore is waited for
+            # (podsnap-started-cold may show for an instant: written before podsnap-restoring is looked for)
+            assert p.poll() is None and not marker.exists()
+            time.sleep(0.05)
+        (control / contract.FILE_RESTORING).unlink()  # the restore is abandoned
+        assert p.wait(timeout=10) == 0
+        assert wait_for(marker).strip() == "cold"
+        assert p.stderr is not None and b"no restore within 0.2s" in p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
