@@ -143,3 +143,13 @@ def test_a_restore_the_earlier_agent_left_half_done_is_killed_and_the_pod_falls_
     assert placeholder.proc is not None and placeholder.proc.poll() is None, "the container's own process lives"
     assert (control / c.FILE_RESTORE_FAILED).read_text().startswith(f"{c.REASON_AGENT_RESTARTED}: ")
     assert not env.executor.of("restore", "r", ns), "nothing is restored into it again"
+
+
+def test_a_running_agent_sweeps_leftovers_next_to_its_ready_artifacts(env: Env, ns: str) -> None:
+    golden(env, ns)  # Ready: its capture is over, and its path is never captured into again
+    mine = artifact_of(env, ns, "golden")
+    staging = leftover(mine, "staging-feedfacecafe")
+    deleting = leftover(mine, "deleting-feedface")
+    unrelated = leftover(mine, "notes")
+    wait_for(lambda: not staging.exists() and not deleting.exists(), what="the leftovers swept by the running agent")
+    assert unrelated.is_dir()

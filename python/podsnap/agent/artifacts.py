@@ -12,6 +12,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -84,6 +85,14 @@ def artifact_check(*, body: kopf.Body, name: str, memo: Any, logger: kopf.Logger
         ctx.checked[name] = now
     if not check(ctx, body):
         logger.warning("artifact of %s is unusable: marked %s", name, c.REASON_ARTIFACT_LOST)
+    # a Ready content's capture is over and its path is never captured into again, so anything left next
+    # to it is a leftover of an earlier agent
+    try:
+        target = artifact_dir(ctx.config.artifact_root, (body.get("spec") or {}).get("artifactPath") or "")
+    except ExecutionError:
+        return
+    for leftover in remove_leftovers(ctx.config.artifact_root, target):
+        logger.warning("removed %s, left next to the artifact of %s", leftover, name)
 
 
 #: what a capture (the engine's staging dir) or a deletion (the artifact renamed aside) leaves next to an
@@ -113,14 +122,22 @@ def sweep_leftovers(ctx: AgentContext) -> list[str]:
             target = artifact_dir(root, rel)
         except ExecutionError:
             continue
-        if not target.parent.is_dir():
-            continue
-        for pattern in LEFTOVER_PATTERNS:
-            for leftover in target.parent.glob(pattern.format(name=target.name)):
-                shutil.rmtree(leftover, ignore_errors=True)
-                if not leftover.exists():
-                    removed.append(str(leftover.relative_to(root.resolve())))
+        removed.extend(remove_leftovers(root, target))
     return sorted(removed)
+
+
+def remove_leftovers(root: Path, target: Path) -> list[str]:
+    """Remove the staging and `.deleting-*` dirs next to artifact dir `target`; returns those removed,
+    relative to `root`. Only for a content no capture of this process is writing (see callers)."""
+    removed: list[str] = []
+    if not target.parent.is_dir():
+        return removed
+    for pattern in LEFTOVER_PATTERNS:
+        for leftover in target.parent.glob(pattern.format(name=target.name)):
+            shutil.rmtree(leftover, ignore_errors=True)
+            if not leftover.exists():
+                removed.append(str(leftover.relative_to(root.resolve())))
+    return removed
 
 
 def prune_logs(ctx: AgentContext) -> None:
