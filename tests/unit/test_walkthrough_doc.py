@@ -3,6 +3,8 @@ tests/e2e/test_walkthrough.py), and they read no variable the page does not docu
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from tests.e2e.support.walkthrough import PLACEHOLDERS, WALKTHROUGH, sh_blocks, variables
 
@@ -46,3 +48,10 @@ def test_the_blocks_read_only_documented_placeholders() -> None:
 )
 def test_only_sh_fences_are_blocks(text: str, count: int) -> None:
     assert len(sh_blocks(text)) == count
+
+
+def test_every_link_of_the_walkthrough_resolves() -> None:
+    links = [t for t in re.findall(r"\]\(([^)\s]+)\)", WALKTHROUGH.read_text()) if not re.match(r"^[a-z]+:", t)]
+    assert "troubleshooting.md" in links
+    dead = sorted(t for t in links if not (WALKTHROUGH.parent / t.split("#")[0]).exists())
+    assert not dead, f"docs/walkthrough.md links to files that do not exist: {dead}"
