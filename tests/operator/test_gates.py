@@ -68,7 +68,9 @@ def test_a_restore_pod_running_another_image_is_refused(env: Env, ns: str, tmp_p
     control.mkdir()
     pod = restore_pods(env, ns, pod_template("web", control, image="worker:2"), control)
     cond = verdict(env, ns, pod["metadata"]["name"])
-    assert cond["reason"] == c.REASON_RESTORE_INCOMPATIBLE and cond["message"].startswith("gate image-digest:")
+    # the pod falls back to a cold start (restoreFailurePolicy ColdStart), the gate named as the cause
+    assert cond["reason"] == c.REASON_FELL_BACK_TO_COLD_START, cond
+    assert cond["message"].startswith(f"{c.REASON_RESTORE_INCOMPATIBLE}: gate image-digest:"), cond
     assert image_id("worker:1") in cond["message"] and image_id("worker:2") in cond["message"]
     assert not env.executor.of("restore", pod["metadata"]["name"], ns)
     assert (control / c.FILE_RESTORE_FAILED).read_text().startswith(c.REASON_RESTORE_INCOMPATIBLE), "start cold"
@@ -101,7 +103,9 @@ def test_a_restore_pod_with_a_lower_memory_limit_is_refused(env: Env, ns: str, t
     control.mkdir()
     pod = restore_pods(env, ns, with_limit(pod_template("web", control), "1Gi"), control)
     cond = verdict(env, ns, pod["metadata"]["name"])
-    assert cond["reason"] == c.REASON_RESTORE_INCOMPATIBLE and cond["message"].startswith("gate memory-limit:")
+    # the pod falls back to a cold start (restoreFailurePolicy ColdStart), the gate named as the cause
+    assert cond["reason"] == c.REASON_FELL_BACK_TO_COLD_START, cond
+    assert cond["message"].startswith(f"{c.REASON_RESTORE_INCOMPATIBLE}: gate memory-limit:"), cond
     assert f"{GI} bytes, the source had {2 * GI}" in cond["message"]
     assert not env.executor.of("restore", pod["metadata"]["name"], ns)
 
