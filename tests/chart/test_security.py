@@ -8,16 +8,18 @@ import base64
 
 from podsnap.contract import TOKEN_KEY_DIR_DEFAULT
 from podsnap.operator.config import WEBHOOK_PATH_ID
+from podsnap.operator.on_agent_requests import VALIDATE_AGENT_CONTENTS, VALIDATE_AGENT_PODS
 from podsnap.operator.on_validate import VALIDATE_JOBS, VALIDATE_POLICIES, VALIDATE_SNAPSHOTS
 from tests.chart.conftest import NAMESPACE, Docs, find, render
 
 PLURALS = {"snapshotpolicies": VALIDATE_POLICIES, "snapshotjobs": VALIDATE_JOBS, "podsnapshots": VALIDATE_SNAPSHOTS}
+AGENT_HOOKS = {"pods": VALIDATE_AGENT_PODS, "podsnapshotcontents": VALIDATE_AGENT_CONTENTS}
 
 
 def test_validating_webhook_fails_closed_on_podsnap_objects(default_docs: Docs, matrix: dict[str, Docs]) -> None:
     vwc = find(default_docs, "ValidatingWebhookConfiguration", "podsnap-webhook")
     hooks = {h["rules"][0]["resources"][0]: h for h in vwc["webhooks"]}
-    assert set(hooks) == set(PLURALS)
+    assert set(hooks) == set(PLURALS) | set(AGENT_HOOKS)
     ca = find(default_docs, "Secret", "podsnap-webhook-tls")["data"]["ca.crt"]
     for plural, handler in PLURALS.items():
         hook = hooks[plural]
@@ -45,7 +47,36 @@ def test_validating_webhook_fails_closed_on_podsnap_objects(default_docs: Docs, 
 def test_validating_paths_follow_the_webhook_prefix(helm: str) -> None:
     docs = render(helm, "--set", f"webhook.path=/podsnap/{WEBHOOK_PATH_ID}")
     paths = {h["clientConfig"]["service"]["path"] for h in find(docs, "ValidatingWebhookConfiguration")["webhooks"]}
-    assert paths == {f"/podsnap/{handler}" for handler in PLURALS.values()}
+    assert paths == {f"/podsnap/{handler}" for handler in [*PLURALS.values(), *AGENT_HOOKS.values()]}
+
+
+def test_agents_use_a_token_bound_to_their_pod(matrix: dict[str, Docs]) -> None:
+    """Finding 8: the agent's API token is a projected one (bound to its pod, so the webhook knows its node),
+    mounted where clients look for it; Kubernetes 1.20's automounted token would name no pod."""
+    for name, docs in matrix.items():
+        pod = find(docs, "DaemonSet")["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False, name
+        [volume] = [v for v in pod["volumes"] if v["name"] == "api-token"]
+        sources = volume["projected"]["sources"]
+        assert {"path": "token", "expirationSeconds": 3607} in [s.get("serviceAccountToken") for s in sources], name
+        assert any((s.get("configMap") or {}).get("name") == "kube-root-ca.crt" for s in sources), name
+        [agent] = [ct for ct in pod["containers"] if ct["name"] == "agent"]
+        mount = {m["name"]: m for m in agent["volumeMounts"]}["api-token"]
+        assert mount["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount" and mount["readOnly"], name
+
+
+def test_agent_node_restriction_hooks(default_docs: Docs) -> None:
+    """Finding 8: the agents' changes to pods and contents pass the operator's node check; pods fail open
+    (every kubelet's status updates pass there), podsnap's own contents fail closed."""
+    vwc = find(default_docs, "ValidatingWebhookConfiguration", "podsnap-webhook")
+    hooks = {h["rules"][0]["resources"][0]: h for h in vwc["webhooks"]}
+    assert hooks["pods"]["failurePolicy"] == "Ignore" and hooks["podsnapshotcontents"]["failurePolicy"] == "Fail"
+    for plural, handler in AGENT_HOOKS.items():
+        hook = hooks[plural]
+        assert hook["clientConfig"]["service"]["path"] == f"/{handler}"
+        [rule] = hook["rules"]
+        assert rule["operations"] == ["UPDATE"] and rule["resources"] == [plural, f"{plural}/status"]
+        assert "namespaceSelector" not in hook and "objectSelector" not in hook
 
 
 def test_operator_may_ask_access_reviews_only_with_the_webhook(default_docs: Docs, matrix: dict[str, Docs]) -> None:

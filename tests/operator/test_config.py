@@ -34,7 +34,15 @@ from podsnap.operator.config import DEFAULT_CHECKPOINT_ENV, OperatorConfig
 from tests.conftest import REPO, require_tool
 from tests.support.controlplane import free_port
 from tests.support.harness import render_chart
-from tests.support.operator_env import Env, deployment, golden, pod_template, policy, ready_policy
+from tests.support.operator_env import (
+    Env,
+    agent_kubeconfig,
+    deployment,
+    golden,
+    pod_template,
+    policy,
+    ready_policy,
+)
 from tests.support.waiting import wait_for
 from tests.support.webhooks import validating_served_by
 
@@ -445,7 +453,9 @@ def test_every_agent_variable_changes_what_the_agent_process_does(env: Env, tmp_
     environ[c.ENV_TOKEN_KEY_DIR] = str(key)
     seen: set[str] = set()
     content = _content(node)
-    with process(c.COMPONENT_AGENT, environ, env.agent_kubeconfig) as proc:
+    # its token is bound to an agent pod of that node, as the chart's is (the operator's webhook checks it)
+    kubeconfig = agent_kubeconfig(env.cluster, node, env.agent_kubeconfig, tmp_path / "agent.kubeconfig")
+    with process(c.COMPONENT_AGENT, environ, kubeconfig) as proc:
         wait_for(
             lambda: proc.poll() is None and http_get(f"http://127.0.0.1:{health}/healthz"),
             what=f"/healthz on {c.ENV_HEALTH_PORT}={health} (exit code {proc.poll()})",

@@ -24,6 +24,7 @@ from tests.support.harness import KopfThread, cgroups_writable, cond_is
 from tests.support.operator_env import (
     OTHER_NODE,
     Env,
+    agent_kubeconfig,
     deployment,
     get_policy,
     golden,
@@ -41,10 +42,12 @@ pytestmark = pytest.mark.skipif(cgroups_writable() is not None, reason=str(cgrou
 @pytest.fixture(scope="module")
 def agent_b(env: Env, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KopfThread]:
     """node-b's agent, with a node cache and prefetch, on the same artifact volume as node-a's."""
+    home = tmp_path_factory.mktemp("node-b")
     config = dataclasses.replace(
-        env.agent_ctx.config,  # the same volume, credentials and token key as node-a's agent
+        env.agent_ctx.config,  # the same volume and token key as node-a's agent; a token bound to node-b's pod
         node_name=OTHER_NODE,
-        cache_dir=tmp_path_factory.mktemp("node-b") / "cache",
+        kubeconfig=str(agent_kubeconfig(env.cluster, OTHER_NODE, env.agent_kubeconfig, home / "agent.kubeconfig")),
+        cache_dir=home / "cache",
         cache_max_bytes=1 << 30,
         cache_min_free_percent=0,
         prefetch_concurrency=2,

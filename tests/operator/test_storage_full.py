@@ -14,7 +14,7 @@ import pytest
 from podsnap import contract as c
 from podsnap.agent import main as agent_main
 from tests.support.harness import KopfThread, cgroups_writable, condition
-from tests.support.operator_env import OTHER_NODE, Env, failed_with, podsnapshot, running_pod
+from tests.support.operator_env import OTHER_NODE, Env, agent_kubeconfig, failed_with, podsnapshot, running_pod
 from tests.support.recording import RecordingExecutor
 
 pytestmark = pytest.mark.skipif(cgroups_writable() is not None, reason=str(cgroups_writable()))
@@ -39,7 +39,11 @@ def test_a_capture_without_room_on_the_volume_is_refused_and_the_source_keeps_ru
     env: Env, ns: str, tiny_volume: Path
 ) -> None:
     executor = RecordingExecutor()
-    config = dataclasses.replace(env.agent_ctx.config, node_name=OTHER_NODE, artifact_root=tiny_volume)
+    # node-b's agent, with a token bound to its own pod (the operator's webhook holds agents to their node)
+    kubeconfig = agent_kubeconfig(env.cluster, OTHER_NODE, env.agent_kubeconfig, tiny_volume.parent / "b.kubeconfig")
+    config = dataclasses.replace(
+        env.agent_ctx.config, node_name=OTHER_NODE, artifact_root=tiny_volume, kubeconfig=str(kubeconfig)
+    )
     agent_b = KopfThread("agent-b", agent_main.run, agent_main.build_context(config, executor)).start()
     try:
         _, source = running_pod(env, ns, "src", node=OTHER_NODE)

@@ -16,10 +16,11 @@ from podsnap import contract as c
 from podsnap.agent import main as agent_main
 from podsnap.agent.config import AgentConfig
 from podsnap.agent.runtime import AgentContext
-from podsnap.kube.client import Credentials, Kube
+from podsnap.kube.client import Credentials, Kube, get_or_none
 from podsnap.kube.tokens import CAPTURE, KEY_FILE, RESTORE, Claims
 from podsnap.operator import main as operator_main
 from podsnap.operator.config import OperatorConfig
+from podsnap.operator.on_agent_requests import AGENT_LABELS
 from podsnap.operator.runtime import OperatorContext
 from tests.support.controlplane import ControlPlane, free_port
 from tests.support.harness import RELEASE_NS, Cluster, ContainerProcess, KopfThread, cond_is, render_chart
@@ -95,7 +96,8 @@ def start_env(cp: ControlPlane, tmp: Path) -> Env:
     op_kc = cp.token_kubeconfig(
         cp.service_account_token(RELEASE_NS, OPERATOR_SA), tmp / "operator.kubeconfig", "operator"
     )
-    agent_kc = cp.token_kubeconfig(cp.service_account_token(RELEASE_NS, AGENT_SA), tmp / "agent.kubeconfig", "agent")
+    legacy_kc = cp.token_kubeconfig(cp.service_account_token(RELEASE_NS, AGENT_SA), tmp / "legacy.kubeconfig", "agent")
+    agent_kc = agent_kubeconfig(cluster, NODE, legacy_kc, tmp / "agent.kubeconfig")
 
     # webhook TLS for 127.0.0.1 (the chart's own certificate names the Service, which has no endpoint here)
     import trustme
@@ -152,6 +154,33 @@ def start_env(cp: ControlPlane, tmp: Path) -> Env:
     ).start()
     agent = KopfThread("agent", agent_main.run, agent_main.build_context(agent_config, executor)).start()
     return Env(cluster, operator, agent, executor, artifact_root, op_kc, agent_kc, port, docs)
+
+
+def agent_kubeconfig(cluster: Cluster, node: str, template: Path, path: Path) -> Path:
+    """The agent's credentials as the chart gives them: a token bound to an agent pod on `node` (the API
+    server names that pod in each request; the operator's webhook takes the agent's node from it).
+    `template` is any kubeconfig of this control plane; its token is replaced."""
+    name = f"{AGENT_SA}-{node}"
+    pod = get_or_none(cluster.kube.core.read_namespaced_pod, name, RELEASE_NS)
+    if pod is None:
+        body = {
+            "metadata": {"name": name, "labels": dict(AGENT_LABELS)},
+            "spec": {
+                "serviceAccountName": AGENT_SA,
+                "automountServiceAccountToken": False,
+                "nodeName": node,
+                "containers": [{"name": "agent", "image": "podsnap-agent"}],
+            },
+        }
+        pod = cluster.kube.core.create_namespaced_pod(RELEASE_NS, body)
+    bound = {"kind": "Pod", "apiVersion": "v1", "name": name, "uid": pod.metadata.uid}
+    request = {"spec": {"audiences": [], "expirationSeconds": 86400, "boundObjectRef": bound}}
+    token = cluster.kube.core.create_namespaced_service_account_token(AGENT_SA, RELEASE_NS, request).status.token
+    doc = yaml.safe_load(template.read_text())
+    for user in doc["users"]:
+        user["user"] = {"token": token}
+    path.write_text(yaml.safe_dump(doc))
+    return path
 
 
 # --- objects ----------------------------------------------------------------------------------------

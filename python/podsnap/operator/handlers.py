@@ -1,6 +1,7 @@
 """Importing this module registers every operator handler in `runtime.registry`."""
 
 from podsnap.operator import (
+    on_agent_requests,
     on_pod_create,
     on_podsnapshot,
     on_policy,
@@ -12,6 +13,7 @@ from podsnap.operator import (
 from podsnap.operator.runtime import registry
 
 __all__ = [
+    "on_agent_requests",
     "on_pod_create",
     "on_podsnapshot",
     "on_policy",

@@ -1,0 +1,182 @@
+"""Finding 8 (issue 10), agent rights: every agent shares one ServiceAccount and RBAC on 1.20 cannot narrow
+it to a node, so each agent's token is bound to its own pod (as the chart mounts it) and the operator's
+validating webhook refuses the agent's changes to pods and PodSnapshotContents of other nodes. Each test
+uses node-a's agent's own credentials against the real API server, which calls the real webhook."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from podsnap import contract as c
+from podsnap.kube.client import Credentials, Kube
+from tests.support.operator_env import NODE, OTHER_NODE, Env, agent_kubeconfig
+from tests.support.users import denied
+from tests.support.waiting import wait_for
+
+FORGED = "sha256:" + "0" * 64  # a digest that would vouch for an artifact of the attacker's
+
+
+def as_agent(kubeconfig: Path) -> Kube:
+    return Kube(Credentials.load(kubeconfig).api_client())
+
+
+def pod_on(env: Env, ns: str, name: str, node: str | None) -> None:
+    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "db:1"}]}
+    if node:
+        spec["nodeName"] = node
+    env.cluster.kube.core.create_namespaced_pod(ns, {"metadata": {"name": name}, "spec": spec})
+
+
+def refused_for(exc: Any, node: str, what: str, where: str) -> None:
+    assert exc.status == 403, exc.body
+    assert f"is the podsnap agent of node {node} and may not change {what}, which belongs to {where}" in str(
+        exc.body
+    ), exc.body
+
+
+def test_an_agent_may_not_patch_a_pod_of_another_node(env: Env, ns: str) -> None:
+    """The attack: with node-a's agent token, relabel node-b's pod (into another Service) and mark it un-Ready."""
+    pod_on(env, ns, "theirs", OTHER_NODE)
+    pod_on(env, ns, "unscheduled", None)
+    pod_on(env, ns, "mine", NODE)
+    agent = as_agent(env.agent_kubeconfig)
+    label = {"metadata": {"labels": {"app": "stolen"}}}
+    not_ready = {"status": {"conditions": [{"type": "Ready", "status": "False"}]}}
+
+    refused_for(
+        denied(agent.core.patch_namespaced_pod, "theirs", ns, label), NODE, f"pod {ns}/theirs", f"node {OTHER_NODE}"
+    )
+    exc = denied(agent.core.patch_namespaced_pod_status, "theirs", ns, not_ready)
+    refused_for(exc, NODE, f"pod {ns}/theirs", f"node {OTHER_NODE}")
+    exc = denied(agent.core.patch_namespaced_pod, "unscheduled", ns, label)
+    refused_for(exc, NODE, f"pod {ns}/unscheduled", "no node (not scheduled)")
+    assert "app" not in (env.cluster.kube.core.read_namespaced_pod("theirs", ns).metadata.labels or {})
+
+    # its own node's pods: what it does for every restore
+    agent.core.patch_namespaced_pod("mine", ns, label)
+    agent.core.patch_namespaced_pod_status("mine", ns, not_ready)
+    # node-b's agent, with a token bound to its own pod, may change node-b's pod
+    other = as_agent(
+        agent_kubeconfig(env.cluster, OTHER_NODE, env.agent_kubeconfig, env.agent_kubeconfig.parent / "b.kc")
+    )
+    assert other.core.patch_namespaced_pod("theirs", ns, label).metadata.labels["app"] == "stolen"
+
+
+def content(name: str, node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": c.API_VERSION,
+        "kind": c.KIND_POD_SNAPSHOT_CONTENT,
+        "metadata": {"name": f"{c.CONTENT_NAME_PREFIX}{name}", "labels": {c.LABEL_SNAPSHOT_NODE: node}},
+        "spec": {
+            "podSnapshotRef": {"namespace": "default", "name": name, "uid": "0"},
+            "source": {"podRef": {"namespace": "default", "name": name, "containers": ["main"]}},
+            "nodeName": node,
+            "artifactPath": f"default/{name}",
+            "deletionPolicy": c.DELETION_POLICY_RETAIN,
+        },
+    }
+
+
+def condition(kind: str, status: str, reason: str) -> dict[str, str]:
+    return {
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": "m",
+        "lastTransitionTime": "2026-12-01T00:00:00Z",
+    }
+
+
+def created_content(env: Env, name: str, node: str) -> str:
+    body = content(name, node)
+    env.cluster.create(c.PLURAL_POD_SNAPSHOT_CONTENTS, body)
+    return str(body["metadata"]["name"])
+
+
+def delete_content(env: Env, name: str) -> None:
+    custom = env.cluster.kube.custom
+    custom.patch_cluster_custom_object(
+        c.GROUP, c.VERSION, c.PLURAL_POD_SNAPSHOT_CONTENTS, name, {"metadata": {"finalizers": None}}
+    )
+    custom.delete_cluster_custom_object(c.GROUP, c.VERSION, c.PLURAL_POD_SNAPSHOT_CONTENTS, name)
+    wait_for(lambda: env.cluster.get(c.PLURAL_POD_SNAPSHOT_CONTENTS, name) is None, what=f"{name} deleted")
+
+
+def test_an_agent_may_not_change_a_content_of_another_node(env: Env) -> None:
+    """The attack: node-a's agent marks node-b's content Ready with an artifact path of its choosing (a
+    restore on node-b would then read it), or Failed (node-b's restores stop)."""
+    theirs = created_content(env, "agent-node-theirs", OTHER_NODE)
+    try:
+        agent = as_agent(env.agent_kubeconfig)
+        custom = agent.custom
+        status = {"status": {"artifact": {"digest": FORGED}}}
+        exc = denied(
+            custom.patch_cluster_custom_object_status,
+            c.GROUP,
+            c.VERSION,
+            c.PLURAL_POD_SNAPSHOT_CONTENTS,
+            theirs,
+            status,
+        )
+        refused_for(exc, NODE, f"PodSnapshotContent {theirs}", f"node {OTHER_NODE}")
+        spec = {"spec": {"artifactPath": "other-namespace/secret"}}
+        exc = denied(
+            custom.patch_cluster_custom_object, c.GROUP, c.VERSION, c.PLURAL_POD_SNAPSHOT_CONTENTS, theirs, spec
+        )
+        refused_for(exc, NODE, f"PodSnapshotContent {theirs}", f"node {OTHER_NODE}")
+        ready = {"status": {"conditions": [condition(c.COND_READY, "True", "Captured")]}}
+        exc = denied(
+            custom.patch_cluster_custom_object_status, c.GROUP, c.VERSION, c.PLURAL_POD_SNAPSHOT_CONTENTS, theirs, ready
+        )
+        refused_for(exc, NODE, f"PodSnapshotContent {theirs}", f"node {OTHER_NODE}")
+        got = env.cluster.get(c.PLURAL_POD_SNAPSHOT_CONTENTS, theirs)
+        assert got is not None and got["spec"]["artifactPath"] == "default/agent-node-theirs"
+        assert (got.get("status") or {}).get("artifact") is None and not (got.get("status") or {}).get("conditions")
+
+        # what a restore on node-a that failed on node-b's artifact writes: marking it lost, and nothing more
+        lost = [
+            condition(c.COND_FAILED, "True", c.REASON_ARTIFACT_LOST),
+            condition(c.COND_READY, "False", c.REASON_ARTIFACT_LOST),
+        ]
+        sneaked = {"status": {"conditions": lost, "artifact": {"digest": FORGED}}}
+        exc = denied(
+            custom.patch_cluster_custom_object_status,
+            c.GROUP,
+            c.VERSION,
+            c.PLURAL_POD_SNAPSHOT_CONTENTS,
+            theirs,
+            sneaked,
+        )
+        refused_for(exc, NODE, f"PodSnapshotContent {theirs}", f"node {OTHER_NODE}")
+        custom.patch_cluster_custom_object_status(
+            c.GROUP, c.VERSION, c.PLURAL_POD_SNAPSHOT_CONTENTS, theirs, {"status": {"conditions": lost}}
+        )
+    finally:
+        delete_content(env, theirs)
+
+
+def test_an_agent_may_not_move_a_content_to_its_node(env: Env) -> None:
+    """Relabelling node-b's content to node-a (to take it over) is refused: the node before the change counts
+    too. Its own node's content it may change (what it does for every capture)."""
+    theirs = created_content(env, "agent-node-move", OTHER_NODE)
+    try:
+        custom = as_agent(env.agent_kubeconfig).custom
+        move = {"metadata": {"labels": {c.LABEL_SNAPSHOT_NODE: NODE}}}
+        exc = denied(
+            custom.patch_cluster_custom_object, c.GROUP, c.VERSION, c.PLURAL_POD_SNAPSHOT_CONTENTS, theirs, move
+        )
+        refused_for(exc, NODE, f"PodSnapshotContent {theirs}", f"node {OTHER_NODE}")
+        # and the reverse: node-a's agent may not hand one of its own contents to node-b
+        env.cluster.kube.custom.patch_cluster_custom_object(
+            c.GROUP, c.VERSION, c.PLURAL_POD_SNAPSHOT_CONTENTS, theirs, move
+        )
+        away = {"metadata": {"labels": {c.LABEL_SNAPSHOT_NODE: OTHER_NODE}}}
+        exc = denied(
+            custom.patch_cluster_custom_object, c.GROUP, c.VERSION, c.PLURAL_POD_SNAPSHOT_CONTENTS, theirs, away
+        )
+        refused_for(exc, NODE, f"PodSnapshotContent {theirs}", f"node {OTHER_NODE}")
+        mine = {"metadata": {"annotations": {"podsnap.io/test": "mine"}}}
+        custom.patch_cluster_custom_object(c.GROUP, c.VERSION, c.PLURAL_POD_SNAPSHOT_CONTENTS, theirs, mine)
+    finally:
+        delete_content(env, theirs)
