@@ -18,6 +18,7 @@ from podsnap.agent import main as agent_main
 from podsnap.operator.restore_pod import shape
 from tests.support.harness import cgroups_writable, condition
 from tests.support.operator_env import NODE, OTHER_NODE, Env, golden, podsnapshot, restore_token, running_pod
+from tests.support.processes import children_of
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(cgroups_writable() is not None, reason=str(cgroups_writable()))
@@ -61,27 +62,14 @@ def test_a_starting_agent_removes_what_its_node_left_half_done_and_only_that(env
     assert (sorted(p.name for p in mine.iterdir()) if mine.is_dir() else []) == published, "the artifact stays"
 
 
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
 @pytest.fixture
 def pid_namespace() -> Iterator[tuple[int, int]]:
     """(the PID 1 of a new PID namespace, standing in for the pod's pause; a child of it, standing in for
     the worker CRIU restored and re-parented to pause)."""
     unshare = subprocess.Popen(["unshare", "--pid", "--fork", "sh", "-c", "sleep 300 & wait"])
     try:
-        pause = wait_for(lambda: (k := children(unshare.pid)) and k[0], what="the namespace's PID 1")
-        worker = wait_for(lambda: (k := children(pause)) and k[0], what="the worker in it")
+        pause = wait_for(lambda: (k := children_of(unshare.pid)) and k[0], what="the namespace's PID 1")
+        worker = wait_for(lambda: (k := children_of(pause)) and k[0], what="the worker in it")
         yield pause, worker
     finally:
         unshare.kill()

@@ -67,7 +67,8 @@ class Worker:
 POD_INIT = HERE / "pod_init.py"
 
 
-def _children(pid: int) -> list[int]:
+def children_of(pid: int) -> list[int]:
+    """The PIDs whose parent is `pid`, read from /proc."""
     out = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -98,7 +99,7 @@ class Pod:
                 raise TimeoutError(f"pod did not start: {log.read_text() if log.exists() else ''}")
             time.sleep(0.05)
         self.unshare_pid = int(pidfile.read_text())
-        (self.init_pid,) = _children(self.unshare_pid)
+        (self.init_pid,) = children_of(self.unshare_pid)
 
     def exec(self, *cmd: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

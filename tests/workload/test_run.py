@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from podsnap import contract
+from tests.support.processes import children_of
 
 RUN = [sys.executable, "-m", "podsnap.workload.run"]
 
@@ -29,19 +30,6 @@ def wait_for(path: Path, timeout: float = 10.0) -> str:
         assert time.monotonic() < deadline, f"{path} never appeared"
         time.sleep(0.02)
     return path.read_text()
-
-
-def children_of(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
-                out.append(int(entry.name))
-    return out
 
 
 def zombies_of(pid: int) -> list[int]:
