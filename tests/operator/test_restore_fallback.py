@@ -57,6 +57,17 @@ def verdict(env: Env, ns: str, name: str) -> dict[str, Any]:
     return wait_for(terminal, what=f"a restore verdict on {name}")
 
 
+def refused_restore(env: Env, ns: str, pod: dict[str, Any], control: Path) -> dict[str, Any]:
+    """The kubelet runs the restore pod, the agent's executor refuses its restore (REFUSED): the verdict."""
+    name = pod["metadata"]["name"]
+    env.executor.fail_restore[name] = REFUSED
+    try:
+        kubelet_runs_restore_pod(env, ns, pod, control)
+        return verdict(env, ns, name)
+    finally:
+        env.executor.fail_restore.pop(name, None)
+
+
 def fallbacks(env: Env, cause: str) -> float:
     value = env.agent_ctx.metrics.registry.get_sample_value("podsnap_agent_restore_fallbacks_total", {"cause": cause})
     return value or 0.0
@@ -75,12 +86,7 @@ def test_a_refused_restore_falls_back_to_a_cold_start_and_says_why(env: Env, ns:
     assert got[c.ENV_RESTORE_MAX] == str(config.restore_max_s)
     before = fallbacks(env, c.REASON_RESTORE_INCOMPATIBLE)
 
-    env.executor.fail_restore[name] = REFUSED
-    try:
-        kubelet_runs_restore_pod(env, ns, pod, control)
-        cond = verdict(env, ns, name)
-    finally:
-        env.executor.fail_restore.pop(name, None)
+    cond = refused_restore(env, ns, pod, control)
     assert cond["reason"] == c.REASON_FELL_BACK_TO_COLD_START, cond
     assert cond["message"].startswith(f"{c.REASON_RESTORE_INCOMPATIBLE}: gate gpu-model"), cond
     events = wait_for(
@@ -103,17 +109,11 @@ def test_under_fail_the_pod_keeps_the_cause_and_its_placeholder_is_told_to_hold(
 ) -> None:
     control = tmp_path / "ctl"
     pod = restore_pod_of_policy(env, ns, control, restoreFailurePolicy=c.RESTORE_FAILURE_FAIL)
-    name = pod["metadata"]["name"]
     assert pod["metadata"]["annotations"][c.ANNOTATION_RESTORE_FAILURE_POLICY] == c.RESTORE_FAILURE_FAIL
     assert env_of(pod)[c.ENV_RESTORE_FAILURE_POLICY] == c.RESTORE_FAILURE_FAIL
     before = fallbacks(env, c.REASON_RESTORE_INCOMPATIBLE)
 
-    env.executor.fail_restore[name] = REFUSED
-    try:
-        kubelet_runs_restore_pod(env, ns, pod, control)
-        cond = verdict(env, ns, name)
-    finally:
-        env.executor.fail_restore.pop(name, None)
+    cond = refused_restore(env, ns, pod, control)
     assert cond["reason"] == c.REASON_RESTORE_INCOMPATIBLE, cond
     assert "restoreFailurePolicy Fail" in cond["message"], cond
     assert fallbacks(env, c.REASON_RESTORE_INCOMPATIBLE) == before, "no fallback happened"
