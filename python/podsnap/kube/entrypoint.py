@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import logging
 import threading
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import kopf
@@ -65,6 +66,7 @@ async def run_kopf(
     ready_flag: asyncio.Event | threading.Event | None = None,
 ) -> None:
     """Run the registry's handlers until `stop_flag` is set (or forever). Tests call this in a thread."""
+    asyncio.get_running_loop().set_exception_handler(quiet_kopf_watch_close)
     port = ctx.config.health_port
     await kopf.operator(
         registry=registry,
@@ -76,6 +78,21 @@ async def run_kopf(
         ready_flag=ready_flag,
         liveness_endpoint=f"http://0.0.0.0:{port}/healthz" if port else None,
     )
+
+
+def quiet_kopf_watch_close(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The loop's exception handler: kopf's own watch stream closed at shutdown is logged at debug level.
+
+    On SIGTERM kopf can return while one of its watch generators is suspended inside its streaming
+    block; asyncio's shutdown then closes that generator and reports the context manager's
+    "generator didn't stop after athrow()" with a traceback, although nothing was lost: the stream was
+    being torn down anyway. Any other error keeps asyncio's default report."""
+    agen = context.get("asyncgen")
+    code = getattr(agen, "ag_code", None)
+    if code is not None and code.co_name == "infinite_watch" and "kopf" in Path(code.co_filename).parts:
+        logging.getLogger(__name__).debug("kopf's watch stream closed at shutdown: %s", context.get("exception"))
+        return
+    loop.default_exception_handler(context)
 
 
 def parser(prog: str, description: str | None) -> argparse.ArgumentParser:
