@@ -6,6 +6,7 @@ import hashlib
 import json
 from pathlib import Path
 
+import blake3
 import pytest
 
 from podsnap.engine import ArtifactError, Manifest, ProcInfo, read_manifest, verify
@@ -18,13 +19,14 @@ def _host() -> HostFacts:
     return HostFacts("h", "x86_64", "6.1.0", "glibc 2.36", 1 << 34, 1 << 33)
 
 
-def _make(dest: Path, files: dict[str, bytes]) -> Path:
+def _make(dest: Path, files: dict[str, bytes], digest: str = "blake3") -> Path:
     staging = art.Staging(dest)
     for rel, data in files.items():
         (staging.path / rel).parent.mkdir(parents=True, exist_ok=True)
         (staging.path / rel).write_bytes(data)
-    entries = art.describe_files(staging.path, workers=4)
+    entries = art.describe_files(staging.path, workers=4, algorithm=digest)
     manifest = Manifest(
+        digest=digest,
         source=_host(),
         processes=(ProcInfo(pid=42, ns_pid=42, ppid=1, comm="w", cmdline=("w",)),),
         cuda_pids=(),
@@ -57,29 +59,50 @@ def test_discard_removes_the_staging_dir(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_large_files_are_hashed_in_chunks_and_a_bad_chunk_is_located(tmp_path: Path) -> None:
+HASHES = {"blake3": blake3.blake3, "sha256": hashlib.sha256}
+
+
+# sha256: every artifact captured before BLAKE3 (no digestAlgorithm in its manifest) still verifies
+@pytest.mark.parametrize("digest", ["blake3", "sha256"])
+def test_large_files_are_hashed_in_chunks_and_a_bad_chunk_is_located(tmp_path: Path, digest: str) -> None:
     size = CHUNK_BYTES * 2 + 123
     blob = bytearray(size)
     blob[::4096] = b"\x01" * len(blob[::4096])
-    out = _make(tmp_path / "a", {"criu/pages-1.img": bytes(blob)})
+    out = _make(tmp_path / "a", {"criu/pages-1.img": bytes(blob)}, digest)
     m = read_manifest(out)
+    assert m.digest == digest
     (entry,) = m.files
     assert len(entry.chunks) == 3
-    chunks = [hashlib.sha256(blob[i : i + CHUNK_BYTES]).hexdigest() for i in range(0, size, CHUNK_BYTES)]
+    new = HASHES[digest]
+    chunks = [new(blob[i : i + CHUNK_BYTES]).hexdigest() for i in range(0, size, CHUNK_BYTES)]
     assert list(entry.chunks) == chunks
-    assert entry.sha256 == hashlib.sha256(b"".join(bytes.fromhex(c) for c in chunks)).hexdigest()
+    assert entry.digest == new(b"".join(bytes.fromhex(c) for c in chunks)).hexdigest()
     with (out / "criu/pages-1.img").open("r+b") as f:
         f.seek(CHUNK_BYTES + 5)
         f.write(b"\xff")
-    with pytest.raises(ArtifactError, match=f"first bad chunk at byte {CHUNK_BYTES}"):
+    with pytest.raises(ArtifactError, match=f"{digest} .*first bad chunk at byte {CHUNK_BYTES}"):
         verify(out, m)
 
 
-def test_small_files_carry_a_plain_sha256(tmp_path: Path) -> None:
-    out = _make(tmp_path / "a", {"criu/core-1.img": b"hello"})
+@pytest.mark.parametrize("digest", ["blake3", "sha256"])
+def test_small_files_carry_a_plain_digest(tmp_path: Path, digest: str) -> None:
+    out = _make(tmp_path / "a", {"criu/core-1.img": b"hello"}, digest)
     (entry,) = read_manifest(out).files
-    assert entry.sha256 == hashlib.sha256(b"hello").hexdigest()
+    assert entry.digest == HASHES[digest](b"hello").hexdigest()
     assert entry.chunks == ()
+
+
+def test_a_manifest_claiming_the_other_algorithm_fails_verification(tmp_path: Path) -> None:
+    # what an older podsnap would have done had the algorithm not been recorded: compared the wrong hash
+    out = _make(tmp_path / "a", {"criu/core-1.img": b"hello"}, "blake3")
+    data = json.loads((out / "manifest.json").read_text())
+    data.pop("digestAlgorithm")
+    data["schemaVersion"] = 1
+    for f in data["files"]:
+        f["sha256"] = f.pop("blake3")
+    (out / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ArtifactError, match=r"sha256 .* differs from the manifest's"):
+        verify(out, read_manifest(out))
 
 
 @pytest.mark.parametrize(

@@ -189,7 +189,7 @@ def test_fill_tasks_follow_the_digest_chunks_of_the_raw_file() -> None:
     one = FileEntry("bulk/pages-2.raw", 3 * PAGE_SIZE, hashlib.sha256(b"").hexdigest())
     small = Extent(pid=9, vaddr=0x1000, length=PAGE_SIZE, file=one.path, offset=PAGE_SIZE)
     (task,) = bulk._chunks((small,), {one.path: one}, {9: 3})
-    assert task.digest == one.sha256 and task.end == one.size, "a file of one chunk is checked by its sha256"
+    assert task.digest == one.digest and task.end == one.size, "a file of one chunk is checked by its own digest"
 
 
 def vma_madv(start: int, end: int, prot_status: tuple[int, int], madv: int | None, fdflags: int | None = None) -> bytes:

@@ -10,8 +10,9 @@ from podsnap.engine import SCHEMA_VERSION, ArtifactError, FileEntry, GpuInfo, Ho
 from podsnap.engine._manifest import Extent
 
 
-def _manifest() -> Manifest:
+def _manifest(digest: str = "sha256") -> Manifest:
     return Manifest(
+        digest=digest,
         source=HostFacts(
             "node-a",
             "x86_64",
@@ -44,6 +45,7 @@ def test_round_trip_keeps_every_field() -> None:
     assert again == m
     data = json.loads(m.to_json())
     assert data["schema"] == "podsnap.io/artifact" and data["schemaVersion"] == 1, "no bulk: readable by podsnap 1"
+    assert "digestAlgorithm" not in data and data["files"][0]["sha256"] == "ab" * 32
     assert data["totals"] == {"files": 2, "bytes": 13, "memoryBytes": 10}
     assert again.root.ns_pid == 7
 
@@ -62,7 +64,7 @@ def test_unknown_keys_are_ignored() -> None:
         ({"schemaVersion": "1"}, "'schemaVersion' must be a positive integer"),
         ({"schema": "other"}, "'schema' must be"),
         ({"process": {"tree": []}}, "'process.tree' is empty"),
-        ({"files": [{"path": "x"}]}, "malformed manifest"),
+        ({"files": [{"path": "x", "sha256": "ab"}]}, "malformed manifest"),
         ({"chunkBytes": 1}, "chunkBytes"),
     ],
 )
@@ -78,8 +80,36 @@ def test_not_json_is_refused() -> None:
         Manifest.from_json("{", where="m.json")
 
 
-def _with_bulk() -> Manifest:
-    m = _manifest()
+def test_blake3_digests_make_schema_3_and_name_their_algorithm() -> None:
+    m = _manifest("blake3")
+    data = json.loads(m.to_json())
+    assert data["schemaVersion"] == SCHEMA_VERSION == 3, "an older podsnap must refuse it, not misread it"
+    assert data["digestAlgorithm"] == "blake3"
+    assert data["files"][0] == {"path": "criu/pages-1.img", "size": 10, "blake3": "ab" * 32}
+    assert Manifest.from_json(m.to_json()) == m
+    assert Manifest.from_json(_manifest().to_json()).digest == "sha256", "no algorithm named: sha256"
+    with_bulk = _with_bulk("blake3")
+    assert Manifest.from_json(with_bulk.to_json()) == with_bulk
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d.update(digestAlgorithm="md5"), "'digestAlgorithm' 'md5' is not one this podsnap checks"),
+        (lambda d: d.pop("digestAlgorithm"), "'digestAlgorithm' None is not one"),
+        (lambda d: d.update(schemaVersion=2), "'digestAlgorithm' needs schemaVersion 3"),
+        (lambda d: d["files"][1].pop("blake3"), r"files\[1\] \(criu/core-7.img\) has no 'blake3' digest"),
+    ],
+)
+def test_bad_digest_algorithms_are_refused_naming_the_field(mutate: object, message: str) -> None:
+    data = json.loads(_manifest("blake3").to_json())
+    mutate(data)  # type: ignore[operator]
+    with pytest.raises(ArtifactError, match=message):
+        Manifest.from_dict(data, where="/a/manifest.json")
+
+
+def _with_bulk(digest: str = "sha256") -> Manifest:
+    m = _manifest(digest)
     raw = FileEntry("bulk/pages-1.raw", 1 << 22, "ef" * 32)
     extents = (
         Extent(pid=7, vaddr=0x7F0000000000, length=1 << 21, file=raw.path, offset=0),
@@ -91,7 +121,7 @@ def _with_bulk() -> Manifest:
 def test_bulk_extents_make_schema_2_and_round_trip() -> None:
     m = _with_bulk()
     data = json.loads(m.to_json())
-    assert data["schemaVersion"] == SCHEMA_VERSION == 2
+    assert data["schemaVersion"] == 2 and SCHEMA_VERSION == 3
     assert data["bulk"]["extents"][1] == {
         "pid": 8,
         "vaddr": 0x7F0000000000,

@@ -47,6 +47,12 @@ def build_parser(prog: str = "podsnap") -> argparse.ArgumentParser:
     c.add_argument("--cuda", choices=("auto", "on", "off"), default="auto", help="checkpoint CUDA state (default auto)")
     c.add_argument("--tcp", choices=("established", "close"), default="established", help="TCP connections")
     c.add_argument("--leave-running", action="store_true", help="keep the source running after the dump")
+    c.add_argument(
+        "--digest",
+        choices=("blake3", "sha256"),
+        default="blake3",
+        help="file digests: blake3 (default, fast) or sha256 (also restorable by an older podsnap)",
+    )
     c.add_argument("--criu", metavar="PATH", help="CRIU binary (default: PODSNAP_CRIU, .tools/bin/criu, PATH)")
     c.add_argument("--json", metavar="PATH", help="write the result (timings, bytes) as JSON")
     c.add_argument(
@@ -136,6 +142,7 @@ def _cmd_capture(args: argparse.Namespace) -> int:
         namespace_pid=args.namespace_pid,
         cuda=args.cuda,
         leave_running=args.leave_running,
+        digest=args.digest,
         criu=CriuOptions(tcp=args.tcp),
         criu_binary=Path(args.criu) if args.criu else None,
     )
@@ -218,7 +225,9 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     else:
         src = m.source
         gpus = ", ".join(f"{g.name} ({g.uuid})" for g in src.gpus) or "none"
-        print(f"artifact   {path}  (schema {m.schema_version}, podsnap {m.podsnap_version}, {m.created_at})")
+        print(
+            f"artifact   {path}  (schema {m.schema_version}, {m.digest} digests, podsnap {m.podsnap_version}, {m.created_at})"
+        )
         print(f"source     {src.hostname}: {src.arch}, kernel {src.kernel}, {src.glibc}, driver {src.driver_version}")
         print(f"gpus       {gpus}")
         print(f"processes  {', '.join(f'{p.pid}/{p.ns_pid} {p.comm}' for p in m.processes)}  (host pid/ns pid)")

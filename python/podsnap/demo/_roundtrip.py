@@ -240,6 +240,7 @@ def round_trip(
     context_env: dict[str, str] | None = None,
     namespaces: bool = False,
     bulk_hugepages: bool = True,
+    digest: str | None = None,
     cached_restore: bool = False,
 ) -> dict[str, Any]:
     """Run the whole round trip; return a JSON-able report (see module doc). Raises RoundTripError.
@@ -252,7 +253,7 @@ def round_trip(
     restored worker running and the artifact in place. `namespaces=True` runs the worker in a
     pod-like sandbox (own PID/mount/UTS/IPC namespaces, `podsnap.demo._sandbox`), captures it with
     CRIU inside those namespaces and restores it into a second sandbox, as the agent does in pods.
-    `bulk_hugepages` goes to CaptureOptions; `cached_restore` adds the second restore (module doc).
+    `bulk_hugepages` and `digest` (None: the engine's default) go to CaptureOptions; `cached_restore` adds the second restore (module doc).
 
     Report keys: worker_args, cold_start_s, before, gpu_bytes, capture_s, capture{timings_ms,
     bytes_total, bytes_memory, cuda_pids, phase_bytes}, restore_s, restore{timings_ms, bytes_total, pid,
@@ -310,6 +311,7 @@ def round_trip(
             pid,
             artifact,
             CaptureOptions(
+                digest=digest or CaptureOptions.digest,
                 criu_binary=criu_binary,
                 extra=dict(capture_extra or {}),
                 namespace_pid=sandboxes[0].init_pid if namespaces else None,
@@ -323,6 +325,7 @@ def round_trip(
         report["capture"] = {
             "timings_ms": cap.timings_ms,
             "bytes_total": cap.bytes_total,
+            "digest": cap.manifest.digest,
             "bytes_memory": cap.bytes_memory,
             "cuda_pids": list(cap.cuda_pids),
             "phase_bytes": dict(cap.phase_bytes),

@@ -7,10 +7,11 @@ Layout::
       criu/                CRIU images (+ dump.log)
       <anything else>      listed in manifest.files (e.g. a rootfs diff, weight shards added later)
 
-A reader trusts only files listed in the manifest and checks each one's size and sha256 before use.
-Files larger than CHUNK_BYTES (64 MiB; CRIU's pages image holds all of a worker's memory) are hashed
-in chunks in parallel: their `sha256` is the sha256 of the concatenated raw chunk digests, which the
-manifest lists in `chunks`, so hashing runs at disk speed instead of one core's.
+A reader trusts only files listed in the manifest and checks each one's size and digest before use
+(`_digest`: the manifest's algorithm, BLAKE3 for new captures, SHA-256 before). Files larger than
+CHUNK_BYTES (64 MiB; CRIU's pages image holds all of a worker's memory) are hashed in chunks in
+parallel: their digest is the digest of the concatenated raw chunk digests, which the manifest lists
+in `chunks`, so hashing runs at disk speed instead of one core's.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from podsnap.engine import _digest
 from podsnap.engine._manifest import BULK_DIR, CHUNK_BYTES, CRIU_DIR, MANIFEST_NAME, FileEntry, Manifest
 from podsnap.engine.errors import ArtifactError
 
-_CHUNK = 4 << 20
 #: files CRIU may write into the images dir during a restore, never part of the captured state
 _RUNTIME_FILES = frozenset({f"{CRIU_DIR}/stats-restore", f"{CRIU_DIR}/restore.log"})
 
@@ -36,31 +37,8 @@ _RUNTIME_FILES = frozenset({f"{CRIU_DIR}/stats-restore", f"{CRIU_DIR}/restore.lo
 ByteProgress = Callable[[int, int], None]
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _walk(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink())
-
-
-def _chunk_sha256(path: Path, offset: int, length: int) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        f.seek(offset)
-        while length > 0 and (buf := f.read(min(_CHUNK, length))):
-            h.update(buf)
-            length -= len(buf)
-    return h.hexdigest()
-
-
-def chunked_root(chunks: list[str]) -> str:
-    """The `sha256` of a file larger than CHUNK_BYTES: sha256 over its chunks' raw digests, in order."""
-    return hashlib.sha256(b"".join(bytes.fromhex(c) for c in chunks)).hexdigest()
 
 
 def default_workers() -> int:
@@ -68,9 +46,9 @@ def default_workers() -> int:
 
 
 def _digests(
-    root: Path, rels: list[str], workers: int, progress: ByteProgress | None
+    root: Path, rels: list[str], workers: int, progress: ByteProgress | None, algorithm: str
 ) -> dict[str, tuple[str, tuple[str, ...]]]:
-    """rel -> (sha256, chunk digests). Large files are hashed in CHUNK_BYTES pieces, in parallel."""
+    """rel -> (digest, chunk digests). Large files are hashed in CHUNK_BYTES pieces, in parallel."""
     sizes = {r: (root / r).stat().st_size for r in rels}
     tasks: list[tuple[str, int, int]] = []
     for rel in sorted(rels, key=lambda r: -sizes[r]):
@@ -82,10 +60,10 @@ def _digests(
     total = sum(sizes.values())
     done = 0
     per_file: dict[str, list[str]] = {r: [] for r in rels}
-    # hashlib releases the GIL on large buffers, so threads hash in parallel
+    # both hashes release the GIL on large buffers, so threads hash in parallel
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         for (rel, _, length), digest in zip(
-            tasks, pool.map(lambda t: _chunk_sha256(root / t[0], t[1], t[2]), tasks), strict=True
+            tasks, pool.map(lambda t: _digest.of_range(algorithm, root / t[0], t[1], t[2]), tasks), strict=True
         ):
             per_file[rel].append(digest)
             done += length
@@ -93,7 +71,9 @@ def _digests(
                 progress(done, total)
     out: dict[str, tuple[str, tuple[str, ...]]] = {}
     for rel, chunks in per_file.items():
-        out[rel] = (chunks[0], ()) if sizes[rel] <= CHUNK_BYTES else (chunked_root(chunks), tuple(chunks))
+        out[rel] = (
+            (chunks[0], ()) if sizes[rel] <= CHUNK_BYTES else (_digest.chunked_root(algorithm, chunks), tuple(chunks))
+        )
     return out
 
 
@@ -103,21 +83,24 @@ def describe_files(
     workers: int | None = None,
     progress: ByteProgress | None = None,
     known: Mapping[str, tuple[int, Sequence[str]]] | None = None,
+    algorithm: str = _digest.DEFAULT,
 ) -> tuple[FileEntry, ...]:
-    """Every regular file under `root` except the manifest, with its size and sha256.
+    """Every regular file under `root` except the manifest, with its size and digest by `algorithm`.
 
     `known`: rel -> (size, the digest of each CHUNK_BYTES chunk) taken earlier (`_prehash`, while CRIU
     wrote the file); used for a file whose size is still that size, which the caller guarantees it did
-    not change otherwise."""
+    not change otherwise, and that were hashed with `algorithm`."""
     rels = [p.relative_to(root).as_posix() for p in _walk(root)]
     rels = [r for r in rels if r != MANIFEST_NAME]
     sizes = {r: (root / r).stat().st_size for r in rels}
     given: dict[str, tuple[str, tuple[str, ...]]] = {}
     for rel, (size, chunks) in (known or {}).items():
         if sizes.get(rel) == size and chunks and len(chunks) == -(-size // CHUNK_BYTES):
-            given[rel] = (chunks[0], ()) if size <= CHUNK_BYTES else (chunked_root(list(chunks)), tuple(chunks))
-    digests = given | _digests(root, [r for r in rels if r not in given], workers or default_workers(), progress)
-    return tuple(FileEntry(path=r, size=sizes[r], sha256=digests[r][0], chunks=digests[r][1]) for r in sorted(rels))
+            root_digest = chunks[0] if size <= CHUNK_BYTES else _digest.chunked_root(algorithm, chunks)
+            given[rel] = (root_digest, () if size <= CHUNK_BYTES else tuple(chunks))
+    rest = [r for r in rels if r not in given]
+    digests = given | _digests(root, rest, workers or default_workers(), progress, algorithm)
+    return tuple(FileEntry(path=r, size=sizes[r], digest=digests[r][0], chunks=digests[r][1]) for r in sorted(rels))
 
 
 def _fsync_path(path: Path, *, directory: bool = False) -> None:
@@ -247,7 +230,7 @@ def verify(
     deferred: Iterable[str] = (),
     digests: bool = True,
 ) -> int:
-    """Check every listed file (regular, its size, its sha256) and that the images and bulk dirs hold nothing
+    """Check every listed file (regular, its size, its digest) and that the images and bulk dirs hold nothing
     unlisted; return the bytes whose digests were checked.
 
     `deferred` names listed files whose digests the caller checks itself while it reads them (a restore's
@@ -272,17 +255,17 @@ def verify(
         _unlisted(artifact, top, set(listed))
     later = set(deferred)
     now = [rel for rel in listed if rel not in later] if digests else []
-    found = _digests(artifact, now, workers or default_workers(), progress)
+    found = _digests(artifact, now, workers or default_workers(), progress, manifest.digest)
     for rel in now:
         entry = listed[rel]
         got, chunks = found[rel]
-        if got != entry.sha256:
+        if got != entry.digest:
             where = ""
             bad = [i for i, (a, b) in enumerate(zip(chunks, entry.chunks, strict=False)) if a != b]
             if bad:
                 where = f" (first bad chunk at byte {bad[0] * CHUNK_BYTES})"
             raise ArtifactError(
-                f"{artifact / rel}: sha256 {got[:16]}… differs from the manifest's {entry.sha256[:16]}…{where} "
+                f"{artifact / rel}: {manifest.digest} {got[:16]}… differs from the manifest's {entry.digest[:16]}…{where} "
                 "(tampered or corrupted)",
                 path=str(artifact / rel),
             )

@@ -18,7 +18,7 @@ advises them, so the fill faults 2 MiB pages and the CUDA driver's restore reads
 fill (restore, between `criu restore --leave-stopped` and resuming the tree): many threads each take one
 CHUNK_BYTES chunk of a raw file, read it block by block into a private buffer, hash each block and write
 its extent bytes from that buffer into the stopped process (`_procmem`: process_vm_writev; preadv,
-sha256 and the write release the GIL), and compare the chunk's digest with the manifest's. A bad chunk
+the hash and the write release the GIL), and compare the chunk's digest with the manifest's. A bad chunk
 raises ArtifactError naming it and its byte offset; any failure stops the other threads, and the caller
 kills the tree, which has never run with the bytes. When the caller vouches for the files' digests
 (`verified`: a node-local copy checked when it was cached), the bytes go straight from a mapping of the
@@ -32,7 +32,6 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
-import hashlib
 import os
 import re
 import stat
@@ -42,6 +41,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from podsnap.engine import _digest
 from podsnap.engine._criu_images import (
     Pagemap,
     PagemapEntry,
@@ -276,7 +276,7 @@ def _chunks(
     out = []
     for (name, index), ps in sorted(pieces.items()):
         entry = files[name]
-        digest = entry.chunks[index] if entry.chunks else entry.sha256
+        digest = entry.chunks[index] if entry.chunks else entry.digest
         start = index * CHUNK_BYTES
         out.append(_Chunk(name, index, start, min(entry.size, start + CHUNK_BYTES), digest, tuple(ps)))
     return out
@@ -306,10 +306,10 @@ def _check_targets(chunk: _Chunk) -> None:
             raise OSError(f"restored pid {target.pid} exited while its memory was being filled")
 
 
-def _fill_chunk(chunk: _Chunk, fd: int, buf: _Buffer, stop: threading.Event, where: Path) -> int:
+def _fill_chunk(chunk: _Chunk, fd: int, buf: _Buffer, stop: threading.Event, where: Path, *, algorithm: str) -> int:
     """Read the chunk block by block into `buf`, hash each block and write its extent bytes from `buf`;
     raise on a bad digest (the tree has not run: the caller kills it)."""
-    h = hashlib.sha256()
+    h = _digest.new(algorithm)
     path = where / chunk.file
     for block in range(chunk.start, chunk.end, BLOCK):
         if stop.is_set():
@@ -324,7 +324,7 @@ def _fill_chunk(chunk: _Chunk, fd: int, buf: _Buffer, stop: threading.Event, whe
                 p.target.write(p.vaddr + lo - p.offset, buf.addr + lo - block, hi - lo)
     if h.hexdigest() != chunk.digest:
         raise ArtifactError(
-            f"{path}: chunk {chunk.index} (bytes {chunk.start}..{chunk.end}) has sha256 "
+            f"{path}: chunk {chunk.index} (bytes {chunk.start}..{chunk.end}) has {algorithm} "
             f"{h.hexdigest()[:16]}…, not the manifest's {chunk.digest[:16]}… (tampered or corrupted)",
             path=str(path),
         )
@@ -396,6 +396,7 @@ def fill(
     progress: Callable[[int, int], None] | None = None,
     verified: bool = False,
     method: Method = "auto",
+    algorithm: str,
 ) -> int:
     """Write every extent into its (stopped) process; `host_pids` maps CRIU's pid to the host pid now.
     Returns the bytes written. `progress(done, total)` runs on this thread after each chunk; if it raises,
@@ -404,7 +405,7 @@ def fill(
     Each chunk is read into a private buffer, hashed and written from there, so the bytes checked are
     the bytes written even if someone rewrites the file meanwhile. `verified=True` (the caller vouches
     for the files' digests, RestoreOptions.verified_digests) writes straight from a mapping of the file
-    and checks nothing but sizes."""
+    and checks nothing but sizes. `algorithm` is the manifest's digest algorithm."""
     total = sum(e.length for e in extents)
     names = sorted({e.file for e in extents})
     stop = threading.Event()
@@ -417,7 +418,7 @@ def fill(
         buf = getattr(local, "buf", None)
         if buf is None:
             buf = local.buf = _Buffer()
-        return _fill_chunk(chunk, src.fd, buf, stop, artifact)
+        return _fill_chunk(chunk, src.fd, buf, stop, artifact, algorithm=algorithm)
 
     with _sources(artifact, files, names, mapped=verified) as sources, _targets(host_pids, method) as targets:
         tasks = _chunks(extents, files, targets)

@@ -134,7 +134,7 @@ def _dump(
     with (
         timer.phase("criu_dump", estimate) as start,
         runner_mod.work_dir("dump", log_dir=opts.log_dir) as work,
-        Prehash(staging.criu_dir, workers=opts.hash_workers or art.default_workers()) as prehash,
+        Prehash(staging.criu_dir, workers=opts.hash_workers or art.default_workers(), algorithm=opts.digest) as prehash,
     ):
         net_inode = Path(f"/proc/{src.pid}/ns/net").stat().st_ino if opts.criu.external_net_ns else None
 
@@ -229,6 +229,7 @@ def _hash(
             workers=opts.hash_workers,
             progress=lambda done, total: timer.report("hash", done, total, start=start),
             known=known,
+            algorithm=opts.digest,
         )
         # what this phase itself read (the rest was hashed while CRIU wrote it)
         sizes = {f.path: f.size for f in files}
@@ -261,6 +262,7 @@ def _publish(
             extra=json.loads(json.dumps(extra)),
             created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             bulk=extents,
+            digest=opts.digest,
         )
         staging.write_manifest(manifest)
         return manifest, staging.publish()

@@ -10,6 +10,10 @@ parts add (e.g. a rootfs diff), keyed by section name.
      raw files under `bulk/` (process, address, length, file, offset); a restore writes them into the
      stopped tree itself, checking each file chunk's digest as it reads it. Written only when there
      are extents, so an artifact without them stays readable by older podsnap.
+  3  adds `digestAlgorithm` (`_digest`: BLAKE3 for new captures) and names each file's digest by it
+     (`"blake3": hex` where schemas 1 and 2 wrote `"sha256": hex`); `bulk` stays optional. Written
+     whenever the files are not SHA-256, so an older podsnap refuses the artifact ("upgrade podsnap")
+     instead of comparing the wrong hash and calling it tampered.
 """
 
 from __future__ import annotations
@@ -20,13 +24,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from podsnap import __version__
+from podsnap.engine import _digest
 from podsnap.engine._host import HostFacts
 from podsnap.engine._proctree import ProcInfo
 from podsnap.engine.errors import ArtifactError
 
 SCHEMA: str = "podsnap.io/artifact"
 #: the newest schema this podsnap reads and writes
-SCHEMA_VERSION: int = 2
+SCHEMA_VERSION: int = 3
 MANIFEST_NAME: str = "manifest.json"
 #: files above this size are digested in chunks of this size (see artifact.py)
 CHUNK_BYTES: int = 64 << 20
@@ -39,19 +44,20 @@ PAGE_SIZE: int = 4096
 
 @dataclass(frozen=True)
 class FileEntry:
-    """One file of the artifact: path relative to the artifact root, size in bytes, hex sha256.
+    """One file of the artifact: path relative to the artifact root, size in bytes, hex digest (by the
+    manifest's `digestAlgorithm`).
 
-    For files larger than `chunkBytes`, `chunks` lists each chunk's sha256 and `sha256` is the sha256
+    For files larger than `chunkBytes`, `chunks` lists each chunk's digest and `digest` is the digest
     of their concatenated raw digests.
     """
 
     path: str
     size: int
-    sha256: str
+    digest: str
     chunks: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"path": self.path, "size": self.size, "sha256": self.sha256}
+    def to_dict(self, algorithm: str = _digest.LEGACY) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": self.path, "size": self.size, algorithm: self.digest}
         if self.chunks:
             out["chunks"] = list(self.chunks)
         return out
@@ -94,9 +100,13 @@ class Manifest:
     podsnap_version: str = __version__
     #: memory runs kept out of CRIU's images (schema 2); empty: CRIU restores all memory itself
     bulk: tuple[Extent, ...] = ()
+    #: the algorithm of every digest in `files` (schema 3; a manifest read without one is SHA-256)
+    digest: str = _digest.DEFAULT
 
     @property
     def schema_version(self) -> int:
+        if self.digest != _digest.LEGACY:
+            return 3
         return 2 if self.bulk else 1
 
     @property
@@ -126,25 +136,29 @@ class Manifest:
         return self.criu_pages_bytes + self.bulk_bytes
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": SCHEMA,
-            "schemaVersion": self.schema_version,
-            "podsnapVersion": self.podsnap_version,
-            "createdAt": self.created_at,
-            "source": self.source.to_dict(),
-            "process": {
-                "namespaced": self.namespaced,
-                "tree": [p.to_dict() for p in self.processes],
-                "cudaPids": list(self.cuda_pids),
-                "cudaGpuUuids": list(self.cuda_gpu_uuids),
-            },
-            "criu": {"version": self.criu_version, "options": list(self.criu_options), "imagesDir": CRIU_DIR},
-            "chunkBytes": CHUNK_BYTES,
-            "files": [f.to_dict() for f in self.files],
-            "totals": {"files": len(self.files), "bytes": self.total_bytes, "memoryBytes": self.memory_bytes},
-            "timingsMs": dict(self.timings_ms),
-            "extra": dict(self.extra),
-        } | ({"bulk": {"pageSize": PAGE_SIZE, "extents": [e.to_dict() for e in self.bulk]}} if self.bulk else {})
+        return (
+            {
+                "schema": SCHEMA,
+                "schemaVersion": self.schema_version,
+                "podsnapVersion": self.podsnap_version,
+                "createdAt": self.created_at,
+                "source": self.source.to_dict(),
+                "process": {
+                    "namespaced": self.namespaced,
+                    "tree": [p.to_dict() for p in self.processes],
+                    "cudaPids": list(self.cuda_pids),
+                    "cudaGpuUuids": list(self.cuda_gpu_uuids),
+                },
+                "criu": {"version": self.criu_version, "options": list(self.criu_options), "imagesDir": CRIU_DIR},
+                "chunkBytes": CHUNK_BYTES,
+                "files": [f.to_dict(self.digest) for f in self.files],
+                "totals": {"files": len(self.files), "bytes": self.total_bytes, "memoryBytes": self.memory_bytes},
+                "timingsMs": dict(self.timings_ms),
+                "extra": dict(self.extra),
+            }
+            | ({"digestAlgorithm": self.digest} if self.schema_version >= 3 else {})
+            | ({"bulk": {"pageSize": PAGE_SIZE, "extents": [e.to_dict() for e in self.bulk]}} if self.bulk else {})
+        )
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
@@ -170,6 +184,20 @@ class Manifest:
                 f"{where}: chunkBytes {chunk_bytes!r} differs from this podsnap's {CHUNK_BYTES}; upgrade podsnap",
                 path=where,
             )
+        algorithm = _digest.LEGACY
+        if version >= 3:
+            named = data.get("digestAlgorithm")
+            if named not in _digest.ALGORITHMS:
+                raise ArtifactError(
+                    f"{where}: 'digestAlgorithm' {named!r} is not one this podsnap checks "
+                    f"({', '.join(_digest.ALGORITHMS)}); upgrade podsnap",
+                    path=where,
+                )
+            algorithm = str(named)
+        elif "digestAlgorithm" in data:
+            raise ArtifactError(
+                f"{where}: 'digestAlgorithm' needs schemaVersion 3, this one says {version}", path=where
+            )
         try:
             proc = data.get("process") or {}
             tree = [ProcInfo.from_dict(p) for p in proc.get("tree") or []]
@@ -181,7 +209,9 @@ class Manifest:
                 if path.startswith("/") or ".." in path.split("/"):
                     raise ArtifactError(f"{where}: files[{i}].path {path!r} escapes the artifact", path=where)
                 chunks = tuple(str(c) for c in f.get("chunks") or ())
-                files.append(FileEntry(path=path, size=int(f["size"]), sha256=str(f["sha256"]), chunks=chunks))
+                if algorithm not in f:
+                    raise ArtifactError(f"{where}: files[{i}] ({path}) has no {algorithm!r} digest", path=where)
+                files.append(FileEntry(path=path, size=int(f["size"]), digest=str(f[algorithm]), chunks=chunks))
             criu = data.get("criu") or {}
             processes = tuple(tree)
             bulk = _extents(data.get("bulk"), version, processes, files, where)
@@ -199,6 +229,7 @@ class Manifest:
                 created_at=str(data.get("createdAt", "")),
                 podsnap_version=str(data.get("podsnapVersion", "")),
                 bulk=bulk,
+                digest=algorithm,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ArtifactError(f"{where}: malformed manifest ({type(exc).__name__}: {exc})", path=where) from exc
@@ -220,6 +251,8 @@ def _extents(
     if version == 1:
         if section is not None:
             raise ArtifactError(f"{where}: a 'bulk' section needs schemaVersion 2, this one says 1", path=where)
+        return ()
+    if version >= 3 and section is None:
         return ()
     if not isinstance(section, dict) or not section.get("extents"):
         raise ArtifactError(f"{where}: schemaVersion {version} needs a non-empty 'bulk.extents'", path=where)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from podsnap.engine import _digest
 from podsnap.engine._artifact import parse_digest
 from podsnap.engine._bulk import DEFAULT_MIN_RUN
 from podsnap.engine._compat import GateFailure
@@ -64,8 +65,12 @@ class CaptureOptions:
     #: replays at restore): the fill and the CUDA driver's restore then work on 2 MiB pages where the
     #: host's THP mode is `madvise` (the usual one). False leaves every mapping's advice as it was.
     bulk_hugepages: bool = True
+    #: the algorithm of the artifact's file digests (`_digest`): blake3 (fast; manifest schema 3, which an
+    #: older podsnap refuses naming the fix) or sha256 (the layout every podsnap restores)
+    digest: str = _digest.DEFAULT
 
     def __post_init__(self) -> None:
+        _digest.check(self.digest, field="CaptureOptions.digest")
         if self.bulk_min_run_bytes < PAGE_SIZE:
             raise ValueError(f"CaptureOptions.bulk_min_run_bytes {self.bulk_min_run_bytes}: at least one page")
 

@@ -5,47 +5,33 @@ and never goes back; the capture used to hash the images afterwards (≈0.8 s fo
 A `Prehash` watches the images dir during the dump and hashes every CHUNK_BYTES chunk of a
 `pages-N.img` as soon as the file has grown past it, on other cores, so by the end of the dump only the
 last partial chunk of each file is left. The digests are the manifest's own (`_artifact`: a file's
-chunks' sha256, and over them its root), so `describe_files` takes them as they are, for the files that
-have not changed since (the cut renames a pages image into bulk/ without touching a byte).
+chunks' digests, and over them its root, by the same algorithm), so `describe_files` takes them as
+they are, for the files that have not changed since (the cut renames a pages image into bulk/ without
+touching a byte).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from podsnap.engine import _digest
 from podsnap.engine._manifest import CHUNK_BYTES
 
 _PAGES = re.compile(r"pages-[0-9]+\.img")
 _POLL_S = 0.02
 
 
-def _chunk_digest(path: Path, offset: int, length: int) -> str:
-    h = hashlib.sha256()
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        done = 0
-        while done < length:
-            data = os.pread(fd, min(4 << 20, length - done), offset + done)
-            if not data:
-                raise OSError(f"{path}: ended at byte {offset + done} while hashing a chunk it had written")
-            h.update(data)
-            done += len(data)
-    finally:
-        os.close(fd)
-    return h.hexdigest()
-
-
 class Prehash:
     """Hash the pages images in `directory` while a writer appends to them; `finish()` once it is done."""
 
-    def __init__(self, directory: Path, *, workers: int) -> None:
+    def __init__(self, directory: Path, *, workers: int, algorithm: str = _digest.DEFAULT) -> None:
         self.directory = directory
+        self.algorithm = algorithm
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="podsnap-prehash")
         #: file name -> chunk index -> its digest (a future until hashed)
         self._chunks: dict[str, dict[int, Future[str]]] = {}
@@ -73,7 +59,9 @@ class Prehash:
                 last = -(-size // CHUNK_BYTES) if final else complete
                 for index in range(len(known), last):
                     length = min(CHUNK_BYTES, size - index * CHUNK_BYTES)
-                    known[index] = self._pool.submit(_chunk_digest, Path(entry.path), index * CHUNK_BYTES, length)
+                    known[index] = self._pool.submit(
+                        _digest.of_range, self.algorithm, Path(entry.path), index * CHUNK_BYTES, length
+                    )
 
     def _watch(self) -> None:
         while not self._stop.wait(_POLL_S):

@@ -221,6 +221,7 @@ def _fill(run: _Run, tree: _Restored) -> None:
             workers=run.opts.fill_workers or default_workers(),
             progress=lambda done, total: timer.report("fill", done, total, start=start),
             verified=run.opts.verified_digests,
+            algorithm=manifest.digest,
         )
         timer.set_done("fill", written)
     with timer.phase("resume"):
