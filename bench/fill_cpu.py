@@ -107,6 +107,7 @@ MODES: dict[str, tuple[CaptureOptions, bool]] = {
     "criu": (CaptureOptions(fast_restore=False), False),
     "fast": (CaptureOptions(), False),
     "fast-4k": (CaptureOptions(bulk_hugepages=False), False),
+    "fast-4k-sha256": (CaptureOptions(bulk_hugepages=False, digest="sha256"), False),
     "verified": (CaptureOptions(), True),
     "verified-4k": (CaptureOptions(bulk_hugepages=False), True),
 }

@@ -65,23 +65,28 @@ def _gone(worker: Worker) -> None:
         http_get(worker.port, timeout=1)
 
 
-@pytest.mark.parametrize("bulk_mib", [16, 320], ids=["one-chunk-file", "multi-chunk-file"])
+# sha256: the layout of every artifact before BLAKE3 (schema 2), which an older agent restores too
+@pytest.mark.parametrize(
+    ("bulk_mib", "digest", "schema"),
+    [(16, "blake3", 3), (320, "blake3", 3), (320, "sha256", 2)],
+    ids=["one-chunk-file", "multi-chunk-file", "multi-chunk-file-sha256"],
+)
 def test_a_large_anonymous_region_comes_back_bit_exact_through_the_parallel_fill(
-    criu: Criu, tmp_path: Path, bulk_mib: int
+    criu: Criu, tmp_path: Path, bulk_mib: int, digest: str, schema: int
 ) -> None:
     worker = Worker(tmp_path / "w", bulk_mib=bulk_mib)
     try:
         before = worker.get()
-        cap = capture(worker.pid, tmp_path / "art", criu=criu)
+        cap = capture(worker.pid, tmp_path / "art", CaptureOptions(digest=digest), criu=criu)
         m = cap.manifest
-        assert m.schema_version == 2 and m.bulk, "the region left CRIU's images"
+        assert m.schema_version == schema and m.digest == digest and m.bulk, "the region left CRIU's images"
         # all of it, but for at most one CRIU entry (<= 1 MiB) at an edge shared with another kind of mapping
         assert m.bulk_bytes >= (bulk_mib - 2) << 20
         assert cap.phase_bytes["cut"] == m.bulk_bytes
         # the raw file's digests were taken while CRIU wrote it: the hash phase read only the rest
         assert cap.phase_bytes["hash"] <= m.total_bytes - m.bulk_bytes
         assert sum(f.size for f in m.files if f.path.startswith("criu/pages-")) < 64 << 20, "CRIU keeps the rest"
-        assert json.loads((tmp_path / "art" / "manifest.json").read_text())["schemaVersion"] == 2
+        assert json.loads((tmp_path / "art" / "manifest.json").read_text())["schemaVersion"] == schema
 
         restored = restore(
             tmp_path / "art", RestoreOptions(expected_manifest_digest=cap.manifest_digest, fill_workers=4), criu=criu
@@ -148,7 +153,7 @@ def test_without_the_fast_path_capture_writes_the_v1_layout_which_restores_throu
     criu: Criu, big: Worker, tmp_path: Path
 ) -> None:
     before = big.get()
-    cap = capture(big.pid, tmp_path / "art", CaptureOptions(fast_restore=False), criu=criu)
+    cap = capture(big.pid, tmp_path / "art", CaptureOptions(fast_restore=False, digest="sha256"), criu=criu)
     data = json.loads((tmp_path / "art" / "manifest.json").read_text())
     assert data["schemaVersion"] == 1 and set(data) == V1_KEYS
     assert not (tmp_path / "art" / "bulk").exists() and cap.manifest.bulk == ()
@@ -176,12 +181,12 @@ def test_the_recorded_manifest_digest_is_checked_before_the_manifest_is_parsed(
 
 
 def test_a_newer_schema_is_refused_saying_why(criu: Criu, big: Worker, tmp_path: Path) -> None:
-    capture(big.pid, tmp_path / "art", criu=criu)
+    capture(big.pid, tmp_path / "art", CaptureOptions(digest="sha256"), criu=criu)
     path = tmp_path / "art" / "manifest.json"
     data = json.loads(path.read_text())
-    data["schemaVersion"] = 3
+    data["schemaVersion"] = 4
     path.write_text(json.dumps(data))
-    with pytest.raises(ArtifactError, match=r"schemaVersion 3 is newer than this podsnap understands \(2\)"):
+    with pytest.raises(ArtifactError, match=r"schemaVersion 4 is newer than this podsnap understands \(3\)"):
         restore(tmp_path / "art", criu=criu)
     data["schemaVersion"] = 1  # an older podsnap's layout cannot carry bulk extents: refused, not half-restored
     path.write_text(json.dumps(data))

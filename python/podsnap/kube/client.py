@@ -25,14 +25,28 @@ JSON_PATCH = "application/json-patch+json"
 
 @dataclass(frozen=True)
 class Credentials:
-    """One identity against one API server: a bearer token (ServiceAccount) or client certificates."""
+    """One identity against one API server: a bearer token (ServiceAccount) or client certificates.
+
+    A token from a file (a pod's ServiceAccount token, a kubeconfig's `tokenFile`) is read again for
+    every request: the kubelet replaces a projected token before it expires (the agent's is bound to
+    its pod and lives about an hour), and a token read once would fail every call after that."""
 
     server: str
     ca_path: str | None = None
-    token: str | None = None
+    #: a fixed token (a kubeconfig's `token`)
+    static_token: str | None = None
+    #: a file holding the current token, read at each use
+    token_path: str | None = None
     cert_path: str | None = None
     key_path: str | None = None
     namespace: str = "default"
+
+    @property
+    def token(self) -> str | None:
+        """The token to send now."""
+        if self.token_path:
+            return Path(self.token_path).read_text().strip()
+        return self.static_token
 
     @classmethod
     def load(cls, kubeconfig: str | os.PathLike[str] | None = None) -> Credentials:
@@ -48,7 +62,7 @@ class Credentials:
         return cls(
             server=f"https://{host}:{port}",
             ca_path=str(SA_DIR / "ca.crt"),
-            token=(SA_DIR / "token").read_text().strip(),
+            token_path=str(SA_DIR / "token"),
             namespace=ns_file.read_text().strip() if ns_file.exists() else "default",
         )
 
@@ -66,29 +80,37 @@ class Credentials:
         return cls(
             server=cluster["server"],
             ca_path=cluster.get("certificate-authority"),
-            token=user.get("token"),
+            static_token=user.get("token"),
+            token_path=None if user.get("token") else user.get("tokenFile"),
             cert_path=user.get("client-certificate"),
             key_path=user.get("client-key"),
             namespace=ctx.get("namespace") or "default",
         )
 
     def connection_info(self) -> kopf.ConnectionInfo:
+        # kopf calls the login handler again after a 401: it then gets the token the file holds now
+        token = self.token
         return kopf.ConnectionInfo(
             server=self.server,
             ca_path=self.ca_path,
-            scheme="Bearer" if self.token else None,
-            token=self.token,
+            scheme="Bearer" if token else None,
+            token=token,
             certificate_path=self.cert_path,
             private_key_path=self.key_path,
             default_namespace=self.namespace,
         )
 
+    def _refresh(self, conf: kubernetes.client.Configuration) -> None:
+        conf.api_key["authorization"] = f"Bearer {self.token}"
+
     def api_client(self) -> kubernetes.client.ApiClient:
         conf = kubernetes.client.Configuration()
         conf.host = self.server
         conf.ssl_ca_cert = self.ca_path
-        if self.token:
+        if self.token_path or self.static_token:
             conf.api_key = {"authorization": f"Bearer {self.token}"}
+        if self.token_path:
+            conf.refresh_api_key_hook = self._refresh  # type: ignore[assignment]  # the client declares None
         conf.cert_file = self.cert_path
         conf.key_file = self.key_path
         return kubernetes.client.ApiClient(conf)
