@@ -79,6 +79,22 @@ def restore_pod(env: Env, ns: str, tmp_path: Path, template: dict[str, Any], **s
     return pod
 
 
+def test_the_capture_jobs_own_pod_template_carries_the_env_so_a_webhook_outage_cannot_drop_it(
+    env: Env, ns: str
+) -> None:
+    # the pod webhook fails open: a capture pod created while it is down would otherwise be captured bare
+    job = snapshot_job("tmpl", checkpointEnv={"env": {"MY_FLAG": "1"}, "omit": ["HF_HUB_OFFLINE"]})
+    env.cluster.create(c.PLURAL_SNAPSHOT_JOBS, job, ns)
+    name = wait_for(
+        lambda: env.cluster.kube.batch.list_namespaced_job(ns, label_selector=f"{c.LABEL_SNAPSHOT_JOB}=tmpl").items,
+        what="the capture Job of SnapshotJob tmpl",
+    )[0].metadata.name
+    template = env.cluster.kube.sanitize(env.cluster.kube.batch.read_namespaced_job(name, ns))["spec"]["template"]
+    got = env_of(template)
+    assert {k: v for k, v in DEFAULTS.items() if k != "HF_HUB_OFFLINE"}.items() <= got.items()
+    assert got["MY_FLAG"] == "1" and "HF_HUB_OFFLINE" not in got, "the SnapshotJob's override, in the template"
+
+
 def test_a_restore_pod_gets_the_env_under_its_own_values_with_its_policys_override(
     env: Env, ns: str, tmp_path: Path
 ) -> None:

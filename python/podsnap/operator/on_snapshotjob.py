@@ -16,6 +16,7 @@ from podsnap.kube.conditions import Condition, now_rfc3339, parse_time
 from podsnap.kube.events import event
 from podsnap.kube.reporter import kopf_patch, report
 from podsnap.kube.tokens import CAPTURE, Claims
+from podsnap.operator import safe_env
 from podsnap.operator.capture_job import InvalidSpec, build_job, decide, is_terminal, parse_spec
 from podsnap.operator.runtime import OperatorContext, ctx_of, registry
 
@@ -71,6 +72,12 @@ def snapshotjob_start(
     # the mark that lets the agent capture this Job's pod, and no pod a namespace user made
     token = ctx.tokens.mint(Claims(CAPTURE, namespace, capture.target_container, name))
     job["spec"]["template"]["metadata"]["annotations"][c.ANNOTATION_CAPTURE_TOKEN] = token
+    # the checkpoint-safe environment goes into the Job's pod template itself: the pod webhook, which
+    # sets it on restore pods, fails open (a pod created while it is down is not shaped), and a source
+    # captured without it could hold connections or mappings no restore can bring back
+    template = job["spec"]["template"]
+    override = safe_env.capture_override(ctx, namespace, name)
+    safe_env.apply(template, capture.target_container, safe_env.wanted(ctx.config.checkpoint_env, template, override))
     try:
         ctx.kube.batch.create_namespaced_job(namespace, job)
         event(body, type_="Normal", reason="JobCreated", message=f"created capture Job {job['metadata']['name']}")

@@ -123,7 +123,7 @@ def capture_pod(
         return False
     if claims.kind != CAPTURE or (namespace and claims.namespace != namespace):
         return False
-    override = _capture_override(ctx, claims.namespace, claims.subject)
+    override = capture_override(ctx, claims.namespace, claims.subject)
     containers = copy.deepcopy(list((pod.get("spec") or {}).get("containers") or []))
     added = apply(
         {"spec": {"containers": containers}}, claims.container, wanted(ctx.config.checkpoint_env, pod, override)
@@ -134,7 +134,8 @@ def capture_pod(
     return True
 
 
-def _capture_override(ctx: OperatorContext, namespace: str, job: str) -> Override:
+def capture_override(ctx: OperatorContext, namespace: str, job: str) -> Override:
+    """The override of SnapshotJob `job`: its own spec.checkpointEnv, else that of the policy that made it."""
     snapshot_job = ctx.kube.get_cr(c.PLURAL_SNAPSHOT_JOBS, job, namespace) or {}
     spec = snapshot_job.get("spec") or {}
     if "checkpointEnv" in spec:
