@@ -23,6 +23,15 @@ Capture (host PIDs; CRIU >= 4 found via PODSNAP_CRIU, .tools/bin/criu, PATH)::
     the dump). On any failure before that, CUDA is restored + unlocked so the source
     keeps serving, the staging dir is removed, and CaptureError(phase=..., source_alive=...) is raised.
 
+Recovery after the capturing process died (`CaptureOptions.journal`: a record of the capture's steps,
+written atomically and synced before each step touches the source, removed when the capture ends)::
+
+    from podsnap.engine import read_capture_journal, recover_capture
+    record = read_capture_journal(path)       # pid + start time + boot id, CUDA pids, the step reached
+    recovery = recover_capture(record)        # CUDA state given back (Restore/Unlock as the driver's state
+                                              # says), a tree CRIU left stopped continued; never touches a
+                                              # reused pid; recovery.summary(), .actions, .problems
+
 Restore::
 
     from podsnap.engine import restore, RestoreOptions
@@ -91,6 +100,9 @@ from podsnap.engine._criu_config import CriuOptions
 from podsnap.engine._criu_runner import Criu
 from podsnap.engine._cuda import CudaCheckpointer, DriverCuda, NoCuda, default_checkpointer
 from podsnap.engine._host import HostFacts, host_facts
+from podsnap.engine._journal import Recovery as CaptureRecovery
+from podsnap.engine._journal import read as read_capture_journal
+from podsnap.engine._journal import recover as recover_capture
 from podsnap.engine._manifest import MANIFEST_NAME, SCHEMA_VERSION, FileEntry, Manifest
 from podsnap.engine._nvml import GpuFacts, GpuInfo, gpu_facts
 from podsnap.engine._options import (
@@ -120,6 +132,7 @@ __all__ = [
     "ArtifactError",
     "CaptureError",
     "CaptureOptions",
+    "CaptureRecovery",
     "CaptureResult",
     "CompatibilityError",
     "Criu",
@@ -152,7 +165,9 @@ __all__ = [
     "kill_tree",
     "manifest_digest",
     "pid_exists",
+    "read_capture_journal",
     "read_manifest",
+    "recover_capture",
     "remove_artifact",
     "restore",
     "verify",

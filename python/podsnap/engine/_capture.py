@@ -5,13 +5,16 @@
     see _bulk) -> before_publish -> hash (the rest) -> reap -> publish
 
 Until the dump succeeded, a failure gives the source its CUDA state back so it keeps serving; at any
-point it discards the staging dir. Nothing half-written is ever visible at `out`.
+point it discards the staging dir. Nothing half-written is ever visible at `out`. With
+`options.journal`, each step from the CUDA lock on is recorded before it begins (see _journal), so a
+capture whose process dies gets its source recovered by whoever finds the record.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import json
 import shutil
 from dataclasses import dataclass
@@ -21,6 +24,7 @@ from typing import Any
 from podsnap.engine import _artifact as art
 from podsnap.engine import _bulk as bulk
 from podsnap.engine import _criu_runner as runner_mod
+from podsnap.engine import _journal as journal_mod
 from podsnap.engine import _proctree as proctree
 from podsnap.engine._criu_binary import find_binary
 from podsnap.engine._criu_images import ImageError
@@ -32,7 +36,7 @@ from podsnap.engine._options import CaptureOptions, CaptureResult, ProgressFn, T
 from podsnap.engine._prehash import Prehash
 from podsnap.engine._proctree import STDIO_KEY, ProcInfo
 from podsnap.engine._rollback import Rollback
-from podsnap.engine.errors import CaptureError, EngineError
+from podsnap.engine.errors import CaptureError, CriuError, EngineError
 
 
 @dataclass(frozen=True)
@@ -110,15 +114,20 @@ def _inspect(pid: int, opts: CaptureOptions, cuda: CudaCheckpointer | None, criu
     )
 
 
-def _checkpoint_cuda(src: _Source, opts: CaptureOptions, timer: Timer, rb: Rollback) -> None:
-    """Lock every CUDA process, then checkpoint it: its GPU memory moves into its host memory."""
+def _checkpoint_cuda(
+    src: _Source, opts: CaptureOptions, timer: Timer, rb: Rollback, journal: journal_mod.Journal
+) -> None:
+    """Lock every CUDA process, then checkpoint it: its GPU memory moves into its host memory. The journal
+    says which step begins before it begins, so a capture that dies in it is recovered."""
     if not src.cuda_map:
         return
     assert rb.cuda is not None
+    journal.step(journal_mod.STEP_CUDA_LOCK)
     with timer.phase("cuda_lock"):
         for p in src.cuda_map:
             rb.cuda.lock(p, opts.cuda_lock_timeout_ms)
             rb.locked.append(p)
+    journal.step(journal_mod.STEP_CUDA_CHECKPOINT)
     with timer.phase("cuda_checkpoint"):
         for p in src.cuda_map:
             rb.cuda.checkpoint(p)
@@ -287,12 +296,17 @@ def capture(
     opts = options or CaptureOptions()
     timer = Timer(progress)
     rb = Rollback(cuda if opts.cuda != "off" else None)
+    journal = journal_mod.Journal(opts.journal, opts.journal_note)
     try:
         with timer.phase("inspect"):
             src = _inspect(pid, opts, cuda, criu, rb)
             staging = rb.staging = art.Staging(Path(out))
-        _checkpoint_cuda(src, opts, timer, rb)
+            # durable before anything touches the source: a capture that dies from here on is recovered
+            journal.begin(pid, [p.pid for p in src.tree], src.cuda_map, leave_running=opts.leave_running)
+        _checkpoint_cuda(src, opts, timer, rb, journal)
+        journal.step(journal_mod.STEP_CRIU_DUMP)
         lines, prehashed = _dump(src, opts, staging, timer, rb)
+        journal.step(journal_mod.STEP_DUMPED)
         _resume_source(opts, rb)
         done = _cut(src, opts, staging, timer)
         extents = tuple(done.extents)
@@ -305,6 +319,7 @@ def capture(
             src, opts, staging, timer, files=files, lines=lines, extra=extra, extents=extents
         )
         rb.staging = None
+        journal.end()
         return CaptureResult(
             artifact=published,
             manifest=manifest,
@@ -317,11 +332,38 @@ def capture(
         )
     except BaseException as exc:
         problems = rb.undo()
+        with contextlib.suppress(OSError):
+            journal.end()  # rolled back: nothing left for a recovery to give back
         if isinstance(exc, CaptureError) or not isinstance(exc, EngineError | OSError):
             raise
         alive = proctree.is_alive(pid)
         note = f" (CUDA rollback problems: {'; '.join(problems)})" if problems else ""
         source = "the source keeps running" if alive else "the source is gone"
+        full = no_space(exc)
+        if full:
+            note += " (the artifact volume is full: nothing of this capture was left on it)"
         raise CaptureError(
-            f"{exc}{note}; {source}", phase=timer.current, source_alive=alive, log_path=getattr(exc, "log_path", None)
+            f"{exc}{note}; {source}",
+            phase=timer.current,
+            source_alive=alive,
+            log_path=getattr(exc, "log_path", None),
+            no_space=full,
         ) from exc
+
+
+#: what CRIU's log says where a write failed for want of room (strerror of ENOSPC and EDQUOT)
+_NO_SPACE_TEXT = ("No space left on device", "Disk quota exceeded")
+
+
+def no_space(exc: BaseException) -> bool:
+    """Whether `exc` (or CRIU's log it names) says a write found the filesystem full."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if isinstance(exc, CriuError):
+        text = f"{exc}\n{exc.log_tail}"
+        log = exc.log_path
+        if log is not None:
+            with contextlib.suppress(OSError):
+                text += log.read_text(errors="replace")[-64 << 10 :]
+        return any(t in text for t in _NO_SPACE_TEXT)
+    return False

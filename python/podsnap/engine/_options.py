@@ -68,6 +68,12 @@ class CaptureOptions:
     #: the algorithm of the artifact's file digests (`_digest`): blake3 (fast; manifest schema 3, which an
     #: older podsnap refuses naming the fix) or sha256 (the layout every podsnap restores)
     digest: str = _digest.DEFAULT
+    #: a journal record of the capture's steps, kept at this path while the capture runs (see _journal):
+    #: whoever finds it after this process died gives the source back its CUDA state (`recover_capture`).
+    #: None: no journal. Its directory should be node-local state that outlives the capturing process.
+    journal: Path | None = None
+    #: free-form strings kept in the journal record for whoever recovers it (e.g. what the capture was for)
+    journal_note: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _digest.check(self.digest, field="CaptureOptions.digest")

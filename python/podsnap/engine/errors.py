@@ -76,14 +76,22 @@ class CompatibilityError(EngineError):
 
 class CaptureError(EngineError):
     """The capture workflow failed. `source_alive` says whether the source process still runs;
-    `log_path` names CRIU's kept log when CRIU was the cause."""
+    `log_path` names CRIU's kept log when CRIU was the cause; `no_space`: a write found the artifact's
+    filesystem full (ENOSPC or EDQUOT, podsnap's own or CRIU's)."""
 
     def __init__(
-        self, message: str, *, phase: str, source_alive: bool | None = None, log_path: Path | None = None
+        self,
+        message: str,
+        *,
+        phase: str,
+        source_alive: bool | None = None,
+        log_path: Path | None = None,
+        no_space: bool = False,
     ) -> None:
         self.phase = phase
         self.source_alive = source_alive
         self.log_path = log_path
+        self.no_space = no_space
         super().__init__(f"capture failed during {phase}: {message}")
 
 

@@ -1,0 +1,85 @@
+"""A capturing process that dies in the middle, as an agent killed mid-capture does (its CRIU with it):
+
+    python -m tests.support.dying_capture PID OUT JOURNAL CUDA DIE_AT
+
+runs the engine's real capture of PID (real CRIU) with the journal at JOURNAL, and dies at DIE_AT:
+`lock` or `checkpoint` (it hangs after that driver call and writes OUT.hung; the test kills it), or
+`criu_dump` (once CRIU has written part of the images it SIGKILLs its own process group, CRIU included,
+with the tree seized). CUDA: a directory, for the FAKE driver of tests/support/fake_cuda.py keeping its
+state there, or `real` for the host's driver (tests/gpu).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from podsnap.engine import CaptureOptions, CudaCheckpointer, Progress, capture, default_checkpointer
+from tests.support.fake_cuda import FakeCudaDriver
+
+
+class HangAfter:
+    """The real driver, except that the process hangs after the call `die_at` (then the test kills it)."""
+
+    def __init__(self, inner: CudaCheckpointer, die_at: str, marker: Path) -> None:
+        self.inner, self.die_at, self.marker = inner, die_at, marker
+
+    def _after(self, call: str) -> None:
+        if call == self.die_at:
+            self.marker.write_text(call)
+            while True:
+                time.sleep(3600)
+
+    def available(self) -> bool:
+        return self.inner.available()
+
+    def cuda_pids(self, pids: Iterable[int]) -> dict[int, list[str]]:
+        return self.inner.cuda_pids(pids)
+
+    def lock(self, pid: int, timeout_ms: int = 30_000) -> None:
+        self.inner.lock(pid, timeout_ms)
+        self._after("lock")
+
+    def checkpoint(self, pid: int) -> None:
+        self.inner.checkpoint(pid)
+        self._after("checkpoint")
+
+    def restore(self, pid: int, gpu_pairs: Sequence[tuple[str, str]] = ()) -> None:
+        self.inner.restore(pid, gpu_pairs)
+
+    def unlock(self, pid: int) -> None:
+        self.inner.unlock(pid)
+
+    def state(self, pid: int) -> str:
+        return self.inner.state(pid)
+
+    def restore_thread_id(self, pid: int) -> int:
+        return self.inner.restore_thread_id(pid)
+
+
+def main(argv: list[str]) -> None:
+    pid, out, journal, cuda_arg, die_at = int(argv[0]), Path(argv[1]), Path(argv[2]), argv[3], argv[4]
+    hang = die_at if die_at in ("lock", "checkpoint") else None
+    marker = out.parent / f"{out.name}.hung"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cuda: CudaCheckpointer
+    if cuda_arg == "real":
+        cuda = HangAfter(default_checkpointer(), hang, marker) if hang else default_checkpointer()
+    else:
+        cuda = FakeCudaDriver(Path(cuda_arg), hang_after=hang)
+
+    def progress(p: Progress) -> None:
+        if die_at == "criu_dump" and p.phase == "criu_dump" and p.done > 0 and not p.finished:
+            os.killpg(0, signal.SIGKILL)
+
+    options = CaptureOptions(journal=journal, journal_note={"content": "c-1"})
+    capture(pid, out, options, cuda=cuda, progress=progress)
+    sys.exit("the capture finished: it was meant to die")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
