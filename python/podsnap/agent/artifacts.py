@@ -12,7 +12,6 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import kopf
@@ -21,6 +20,7 @@ from podsnap import contract as c
 from podsnap.agent.executor import ArtifactUnusable, ExecutionError
 from podsnap.agent.on_content import CONTENTS, _mine, artifact_dir
 from podsnap.agent.runtime import AgentContext, ctx_of, registry
+from podsnap.agent.volume_sweep import remove_leftovers
 from podsnap.kube import conditions
 from podsnap.kube.conditions import Condition
 from podsnap.kube.events import event
@@ -95,11 +95,6 @@ def artifact_check(*, body: kopf.Body, name: str, memo: Any, logger: kopf.Logger
         logger.warning("removed %s, left next to the artifact of %s", leftover, name)
 
 
-#: what a capture (the engine's staging dir) or a deletion (the artifact renamed aside) leaves next to an
-#: artifact directory when the agent dies in the middle of it
-LEFTOVER_PATTERNS = (".{name}.staging-*", ".{name}.deleting-*")
-
-
 def sweep_leftovers(ctx: AgentContext) -> list[str]:
     """Remove what an earlier agent of this node left half done next to its contents' artifacts: capture
     staging dirs and artifacts renamed aside for deletion. Run at start, before this process begins any
@@ -124,20 +119,6 @@ def sweep_leftovers(ctx: AgentContext) -> list[str]:
             continue
         removed.extend(remove_leftovers(root, target))
     return sorted(removed)
-
-
-def remove_leftovers(root: Path, target: Path) -> list[str]:
-    """Remove the staging and `.deleting-*` dirs next to artifact dir `target`; returns those removed,
-    relative to `root`. Only for a content no capture of this process is writing (see callers)."""
-    removed: list[str] = []
-    if not target.parent.is_dir():
-        return removed
-    for pattern in LEFTOVER_PATTERNS:
-        for leftover in target.parent.glob(pattern.format(name=target.name)):
-            shutil.rmtree(leftover, ignore_errors=True)
-            if not leftover.exists():
-                removed.append(str(leftover.relative_to(root.resolve())))
-    return removed
 
 
 def prune_logs(ctx: AgentContext) -> None:

@@ -33,6 +33,7 @@ from podsnap.agent.cache import (
 )
 from podsnap.agent.executor import (
     ArtifactUnusable,
+    CaptureRecovered,
     CaptureRequest,
     CaptureResult,
     Executor,
@@ -135,6 +136,9 @@ class CachingExecutor:
 
     def remove(self, artifact_dir: Path) -> None:
         self.inner.remove(artifact_dir)
+
+    def recover_captures(self) -> list[CaptureRecovered]:
+        return self.inner.recover_captures()
 
     def check(self, artifact_dir: Path, expected_digest: str) -> None:
         self.inner.check(artifact_dir, expected_digest)

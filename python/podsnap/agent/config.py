@@ -43,6 +43,13 @@ class AgentConfig:
         """Logs of failed captures and restores, on the artifact volume (they outlive the agent's pod), per node."""
         return self.artifact_root / ".logs" / self.node_name
 
+    @property
+    def journal_dir(self) -> Path:
+        """The journal records of this node's captures in flight (engine/_journal.py): on the artifact
+        volume, so they outlive the agent's pod (a restarted agent recovers the sources they name), in a
+        directory of this node's own; each record also names the boot it was written in."""
+        return self.artifact_root / ".journal" / self.node_name
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AgentConfig:
         node = env_str(c.ENV_NODE_NAME, "", environ)

@@ -8,12 +8,14 @@ reasons here and nowhere else.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
 from podsnap import contract as c
 from podsnap.agent.executor import (
     ArtifactUnusable,
+    CaptureRecovered,
     CaptureRequest,
     CaptureResult,
     ExecutionError,
@@ -39,20 +41,41 @@ class EngineExecutor:
     workers join their pod container's cgroups through it, so they belong to that container (its limits,
     its accounting) and outlive any restart of the agent."""
 
-    def __init__(self, cgroup_root: Path = Path("/sys/fs/cgroup"), log_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        cgroup_root: Path = Path("/sys/fs/cgroup"),
+        log_dir: Path | None = None,
+        journal_dir: Path | None = None,
+        cuda: Any = None,
+    ) -> None:
         self.cgroup_root = cgroup_root
         #: where CRIU's logs of failed runs are kept (on the artifact volume: they outlive the agent's pod)
         self.log_dir = log_dir
+        #: the journal records of captures in flight (AgentConfig.journal_dir); None: captures keep none
+        self.journal_dir = journal_dir
+        #: the CUDA driver (an engine.CudaCheckpointer); None: the host's. Tests give a fake here.
+        self.cuda = cuda
+
+    def _journal(self, request: CaptureRequest) -> Path | None:
+        if self.journal_dir is None:
+            return None
+        return self.journal_dir / f"{request.content or request.pod.uid}.json"
 
     def capture(self, request: CaptureRequest) -> CaptureResult:
         from podsnap import engine
 
         request.artifact_dir.parent.mkdir(parents=True, exist_ok=True)
+        # a fresh mtime: the sweep of empty namespace directories (agent/sweep.py) leaves a directory alone
+        # for a while after a capture last used it, so it never removes the one this capture stages in
+        with contextlib.suppress(OSError):
+            request.artifact_dir.parent.touch()
         pod = request.pod
         options = engine.CaptureOptions(
             namespace_pid=request.root_pid,
             criu=engine.CriuOptions(tcp="close"),
             log_dir=self.log_dir,
+            journal=self._journal(request),
+            journal_note={"content": request.content, "pod": f"{pod.namespace}/{pod.name}"},
             extra={
                 "pod": {
                     "namespace": pod.namespace,
@@ -64,7 +87,10 @@ class EngineExecutor:
             },
         )
         try:
-            result = engine.capture(request.root_pid, request.artifact_dir, options)
+            result = engine.capture(request.root_pid, request.artifact_dir, options, cuda=self.cuda)
+        except engine.CaptureError as exc:
+            reason = c.REASON_STORAGE_FULL if exc.no_space else c.REASON_CAPTURE_FAILED
+            raise ExecutionError(str(exc), reason=reason) from exc
         except engine.EngineError as exc:
             raise ExecutionError(str(exc), reason=c.REASON_CAPTURE_FAILED) from exc
         return CaptureResult(
@@ -101,6 +127,34 @@ class EngineExecutor:
         except engine.EngineError as exc:
             raise ExecutionError(str(exc), reason=c.REASON_RESTORE_FAILED) from exc
         return RestoreResult(pids=result.pids or (result.pid,), timings_ms=dict(result.timings_ms))
+
+    def recover_captures(self) -> list[CaptureRecovered]:
+        """Every journal record left in `journal_dir`: its source recovered by the engine, the record removed."""
+        from podsnap import engine
+
+        if self.journal_dir is None or not self.journal_dir.is_dir():
+            return []
+        found: list[CaptureRecovered] = []
+        for path in sorted(self.journal_dir.glob("*.json")):
+            try:
+                record = engine.read_capture_journal(path)
+            except (OSError, ValueError) as exc:
+                found.append(CaptureRecovered(path.stem, "unknown", False, f"unreadable journal record: {exc}"))
+            else:
+                recovery = engine.recover_capture(record, cuda=self.cuda)
+                found.append(
+                    CaptureRecovered(
+                        content=record.note.get("content") or path.stem,
+                        step=record.step,
+                        source_alive=recovery.source_alive,
+                        summary=recovery.summary(),
+                        problems=recovery.problems,
+                    )
+                )
+            path.unlink(missing_ok=True)
+        for tmp in self.journal_dir.glob(".*.tmp"):  # a write that died before its rename
+            tmp.unlink(missing_ok=True)
+        return found
 
     def check(self, artifact_dir: Path, expected_digest: str) -> None:
         """Cheap: the manifest against its recorded digest, then every listed file's type and size (no hashing)."""

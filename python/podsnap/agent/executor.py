@@ -64,6 +64,9 @@ class CaptureRequest:
     node: str
     #: the source container's image ID and memory limit (agent/gates.py), recorded with the artifact
     source_facts: dict[str, Any] = field(default_factory=dict)
+    #: the PodSnapshotContent this capture is for: the capture's journal record names it, so an agent that
+    #: starts after this one died knows which content to fail (agent/capture_recovery.py)
+    content: str = ""
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,21 @@ class CaptureResult:
     source: dict[str, Any] = field(default_factory=dict)
     #: phase -> milliseconds, as the engine measured them (status.captureTimingsMs)
     timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CaptureRecovered:
+    """A capture an earlier agent of this node died in the middle of, and what was done for its source."""
+
+    #: the PodSnapshotContent it was for ("" when the record did not say)
+    content: str
+    #: the journal step the capture had reached (engine step names: cuda_lock, criu_dump, ...)
+    step: str
+    source_alive: bool
+    #: one sentence: what was found and done (e.g. "... recovered: cuCheckpointProcessRestore pid 12; ...")
+    summary: str
+    #: what could not be given back (the source may stay locked)
+    problems: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -117,6 +135,12 @@ class Executor(Protocol):
         ...
 
     def remove(self, artifact_dir: Path) -> None: ...
+
+    def recover_captures(self) -> list[CaptureRecovered]:
+        """Captures an earlier process of this agent left in the middle (it died): give each source back
+        what its capture took (its CUDA state, a stop), and forget the capture. Runs at start, before any
+        capture of this process."""
+        ...
 
     def artifact_files(self, artifact: Path, digest: str) -> list[tuple[str, int]]:
         """(relative path, size) of manifest.json and every file the manifest `digest` names lists;

@@ -29,7 +29,7 @@ def engine_executor(config: AgentConfig) -> Executor:
     """The real executor, configured from the agent's settings (the host's cgroups, the logs dir)."""
     from podsnap.agent.engine_executor import EngineExecutor
 
-    return EngineExecutor(cgroup_root=config.cgroup_root, log_dir=config.logs_dir)
+    return EngineExecutor(cgroup_root=config.cgroup_root, log_dir=config.logs_dir, journal_dir=config.journal_dir)
 
 
 def build_context(config: AgentConfig, executor: Executor | None = None) -> AgentContext:

@@ -40,6 +40,13 @@ class AgentMetrics(Metrics):
             ["cause"],
             registry=self.registry,
         )
+        self.capture_recoveries = Counter(
+            "podsnap_agent_capture_recoveries_total",
+            "Captures an earlier agent of this node died in; outcome: recovered (the source got back its CUDA "
+            "state, or had nothing to get back) or problems (something could not be given back: see the log)",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.failures = Counter(
             "podsnap_agent_failures_total",
             "Failed captures and restores, by reason",

@@ -17,6 +17,7 @@ from podsnap.agent.authz import capture_source
 from podsnap.agent.containers import ContainerNotRunning, find_processes
 from podsnap.agent.executor import CaptureRequest, ExecutionError, PodRef
 from podsnap.agent.runtime import AgentContext, ctx_of, registry
+from podsnap.agent.volume_sweep import remove_leftovers
 from podsnap.kube import conditions
 from podsnap.kube.client import get_or_none
 from podsnap.kube.conditions import Condition, now_rfc3339, parse_time
@@ -70,12 +71,13 @@ def content_capture(
     if created is not None:
         ctx.metrics.pickup_seconds.observe(max(0.0, (datetime.datetime.now(datetime.UTC) - created).total_seconds()))
     if conditions.reason_of(status.get("conditions"), c.COND_READY) == c.REASON_CAPTURE_IN_PROGRESS:
-        # an earlier agent died mid-capture: the source may be gone, and a half artifact must not be trusted
+        # an earlier agent died mid-capture before its journal said more (agent/capture_recovery.py fails
+        # the contents whose journal it found): the source may be gone, and a half artifact is not trusted
         fail(
             ctx,
             body,
-            c.REASON_CAPTURE_FAILED,
-            "the agent restarted during the capture; capture again with a new PodSnapshot",
+            c.REASON_AGENT_RESTARTED,
+            "the node agent restarted during the capture; capture again (a SnapshotPolicy does, with backoff)",
         )
     try:
         request = _request(ctx, name, spec)
@@ -169,6 +171,7 @@ def _request(ctx: AgentContext, name: str, spec: Mapping[str, Any]) -> CaptureRe
         artifact_dir=dest,
         node=ctx.config.node_name,
         source_facts=gates.source_facts(pod, container),
+        content=name,
     )
 
 
@@ -231,3 +234,7 @@ def content_cleanup(*, name: str, spec: kopf.Spec, memo: Any, logger: kopf.Logge
     if target.exists():
         ctx.executor.remove(target)
         logger.info("removed artifact %s", target)
+    # a content being deleted is captured into no more (kopf runs one handler of an object at a time), and
+    # one handed over from another node (operator/orphans.py) may have what its dead agent left half done
+    for leftover in remove_leftovers(ctx.config.artifact_root, target):
+        logger.info("removed %s, left next to the artifact of %s", leftover, name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,8 @@ class AgentContext:
     #: the node-local artifact cache and its background fills (None: no cache configured)
     cache: ArtifactCache | None = None
     filler: Filler | None = None
+    #: loops the agent runs beside its handlers (agent/volume_sweep.py), cancelled when it stops
+    background: list[asyncio.Task[None]] = field(default_factory=list)
 
 
 def ctx_of(memo: Any) -> AgentContext:

@@ -8,6 +8,7 @@ import kopf
 
 from podsnap import contract as c
 from podsnap.agent.artifacts import prune_logs, sweep_leftovers
+from podsnap.agent.capture_recovery import recover_captures
 from podsnap.agent.config import AgentConfig
 from podsnap.agent.runtime import ENTRYPOINT, AgentContext, ctx_of, registry
 from podsnap.kube.entrypoint import register_login
@@ -32,6 +33,8 @@ def startup(*, settings: kopf.OperatorSettings, memo: Any, logger: kopf.Logger, 
     ctx.config.artifact_root.mkdir(parents=True, exist_ok=True)
     ctx.config.logs_dir.mkdir(parents=True, exist_ok=True)
     prune_logs(ctx)
+    # before any capture of this process: a source an earlier agent left CUDA-locked serves again
+    recover_captures(ctx, logger)
     for leftover in sweep_leftovers(ctx):
         logger.warning("removed %s, left half done by an earlier agent of this node", leftover)
     logger.info("podsnap agent on node %s (artifacts under %s)", ctx.config.node_name, ctx.config.artifact_root)
