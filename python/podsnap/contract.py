@@ -318,7 +318,8 @@ RESTORE_MAX_DEFAULT_S: Final = 900
 FILE_RESTORE_TIMED_OUT: Final = "podsnap-restore-timed-out"
 #: the cause in a FellBackToColdStart message when the node agent restarted in the middle of the restore
 REASON_AGENT_RESTARTED: Final = "AgentRestarted"
-#: a capture refused, before it touched the source, for want of room on the artifact volume
+#: a capture refused, before it touched the source, or rolled back when a write found the volume full, for
+#: want of room on the artifact volume
 REASON_STORAGE_FULL: Final = "StorageFull"
 #: what the operator's webhook gives every restore pod (unless the container sets them itself): the chart's
 #: restore.pickupTimeoutSeconds and restore.timeoutSeconds, under the names the container reads
@@ -328,3 +329,14 @@ CHART_ENV.update(
         "restoreTimeout": (ENV_RESTORE_MAX, (COMPONENT_OPERATOR,)),
     }
 )
+
+
+# --- cleanup when a node or its agent is gone (issue 12; additive) ----------------------------------
+#: operator env: seconds a PodSnapshotContent being deleted waits for the agent of its node, which still
+#: exists but runs no Ready agent; then the agent of another node removes its artifact (values.yaml
+#: cleanup.handoverAfterSeconds). A content of a node that is gone is handed over at once.
+ENV_CLEANUP_HANDOVER: Final = "PODSNAP_CLEANUP_HANDOVER_S"
+CLEANUP_HANDOVER_DEFAULT_S: Final = 600
+#: on a content the operator handed to another node's agent for deletion: the node it was on
+ANNOTATION_HANDED_OVER_FROM: Final = f"{GROUP}/handed-over-from"
+CHART_ENV["cleanupHandover"] = (ENV_CLEANUP_HANDOVER, (COMPONENT_OPERATOR,))

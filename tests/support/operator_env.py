@@ -35,6 +35,8 @@ AGENT_SA = "podsnap-agent"
 #: short, so that tests see a failed capture retried and a lost artifact noticed within their waits
 RETRY_BASE_S = 3.0
 VERIFY_INTERVAL_S = 1.0
+#: short, so that a deletion on a node without a running agent is handed over (or released) within the waits
+CLEANUP_HANDOVER_S = 3
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 
@@ -137,6 +139,7 @@ def start_env(cp: ControlPlane, tmp: Path) -> Env:
         metrics_port=0,
         health_port=0,
         capture_retry_base_s=RETRY_BASE_S,
+        cleanup_handover_s=CLEANUP_HANDOVER_S,
     )
     artifact_root = tmp / "artifacts"
     executor = RecordingExecutor()
@@ -154,6 +157,13 @@ def start_env(cp: ControlPlane, tmp: Path) -> Env:
     ).start()
     agent = KopfThread("agent", agent_main.run, agent_main.build_context(agent_config, executor)).start()
     return Env(cluster, operator, agent, executor, artifact_root, op_kc, agent_kc, port, docs)
+
+
+def set_agent_ready(cluster: Cluster, node: str, ready: bool) -> None:
+    """Play the kubelet of the agent pod of `node` (agent_kubeconfig made it): its Ready condition."""
+    cond = {"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": "2026-12-01T00:00:00Z"}
+    status = {"phase": "Running", "conditions": [cond]}
+    cluster.kube.core.patch_namespaced_pod_status(f"{AGENT_SA}-{node}", RELEASE_NS, {"status": status})
 
 
 def agent_kubeconfig(cluster: Cluster, node: str, template: Path, path: Path) -> Path:

@@ -47,6 +47,8 @@ agent:
     rollingUpdate:
       maxUnavailable: 1
     type: RollingUpdate
+cleanup:
+  handoverAfterSeconds: 600
 commonLabels: {}
 crds:
   enabled: true

@@ -47,6 +47,9 @@ class OperatorConfig:
     restore_pickup_timeout_s: int = c.RESTORE_TIMEOUT_DEFAULT_S
     #: restore pods: seconds a restore that has begun may take, then the container restarts cold
     restore_max_s: int = c.RESTORE_MAX_DEFAULT_S
+    #: seconds a content being deleted waits for its node's agent; then another node's agent removes the
+    #: artifact (operator/orphans.py)
+    cleanup_handover_s: int = c.CLEANUP_HANDOVER_DEFAULT_S
 
     @property
     def webhook_prefix(self) -> str:
@@ -71,6 +74,7 @@ class OperatorConfig:
             checkpoint_env=checkpoint_env_from(environ),
             restore_pickup_timeout_s=env_seconds(c.ENV_RESTORE_TIMEOUT, c.RESTORE_TIMEOUT_DEFAULT_S, environ),
             restore_max_s=env_seconds(c.ENV_RESTORE_MAX, c.RESTORE_MAX_DEFAULT_S, environ),
+            cleanup_handover_s=env_seconds(c.ENV_CLEANUP_HANDOVER, c.CLEANUP_HANDOVER_DEFAULT_S, environ),
         )
 
 

@@ -8,6 +8,7 @@ from podsnap.operator import (
     on_snapshotjob,
     on_spec_change,
     on_validate,
+    orphans,
     startup,
 )
 from podsnap.operator.runtime import registry
@@ -20,6 +21,7 @@ __all__ = [
     "on_snapshotjob",
     "on_spec_change",
     "on_validate",
+    "orphans",
     "registry",
     "startup",
 ]

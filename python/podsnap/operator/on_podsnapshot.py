@@ -1,5 +1,6 @@
 """PodSnapshot -> PodSnapshotContent bound to the source pod's node; content status mirrored back;
-deletion cascades to the content (whose own finalizer removes the artifact)."""
+deletion cascades to the content (whose own finalizer removes the artifact; operator/orphans.py hands it
+to another agent when its node's agent cannot)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from collections.abc import Mapping
 from typing import Any, NoReturn
 
 import kopf
-from kubernetes.client.exceptions import ApiException
 
 from podsnap import contract as c
 from podsnap.kube import conditions
@@ -17,6 +17,7 @@ from podsnap.kube.conditions import Condition
 from podsnap.kube.events import event
 from podsnap.kube.reporter import kopf_patch, report
 from podsnap.kube.tokens import InvalidToken, capture_claims, not_a_capture_source
+from podsnap.operator import orphans
 from podsnap.operator.runtime import OperatorContext, ctx_of, registry
 
 SNAPSHOTS = (c.GROUP, c.VERSION, c.PLURAL_POD_SNAPSHOTS)
@@ -183,7 +184,7 @@ def content_changed(*, body: kopf.Body, type: str | None, memo: Any, logger: kop
         return
     meta = body.get("metadata") or {}
     if meta.get("deletionTimestamp"):
-        _collect_orphan(ctx, body, logger)
+        orphans.collect(ctx, body, logger)  # its node or its node's agent may be gone
         return
     mirror_content(ctx, body)
 
@@ -215,60 +216,6 @@ def mirror_content(ctx: OperatorContext, body: Mapping[str, Any]) -> None:
         failed = conditions.find(conds, c.COND_FAILED) or {}
         ctx.metrics.capture_failures.labels(c.KIND_POD_SNAPSHOT, str(failed.get("reason"))).inc()
         event(updated, type_="Warning", reason=str(failed.get("reason")), message=str(failed.get("message")))
-
-
-REASON_ARTIFACT_LEFT = "ArtifactLeftBehind"
-
-
-def _collect_orphan(ctx: OperatorContext, body: Mapping[str, Any], logger: kopf.Logger) -> None:
-    """A content being deleted whose node is gone has no agent to run its finalizer. Removing the artifact
-    is an agent's job (only agents mount the artifact volume), so the operator releases the content for its
-    deletion to finish and says where the artifact was left. Issue 12 hands orphaned artifacts to a live
-    agent; this function is where it plugs in."""
-    meta = body["metadata"]
-    if c.FINALIZER_CONTENT_ARTIFACT not in (meta.get("finalizers") or []):
-        return
-    node = (body.get("spec") or {}).get("nodeName")
-    if node and get_or_none(ctx.kube.core.read_node, node) is not None:
-        return  # that node's agent owns the cleanup
-    spec = body.get("spec") or {}
-    if spec.get("artifactPath") and spec.get("deletionPolicy", c.DELETION_POLICY_DELETE) == c.DELETION_POLICY_DELETE:
-        message = (
-            f"node {node} is gone, so no agent removed artifact {spec['artifactPath']} from the artifact volume; "
-            "remove it from there by hand"
-        )
-        # the path names the snapshot's namespace: the log has it, the Event (in `default`) only the node
-        public = f"node {node} is gone, so no agent removed this content's artifact; its path is in the operator's log"
-        event(body, type_="Warning", reason=REASON_ARTIFACT_LEFT, message=message, public=public)
-        logger.warning("%s", message)
-    remove_finalizer(ctx, meta["name"], c.FINALIZER_CONTENT_ARTIFACT)
-    logger.warning("finalized %s for its vanished node %s", meta["name"], node)
-
-
-def remove_finalizer(ctx: OperatorContext, name: str, finalizer: str) -> None:
-    """Remove one finalizer from a content, guarded by resourceVersion and retried on conflicts."""
-    for _ in range(5):
-        obj = ctx.kube.get_cr(c.PLURAL_POD_SNAPSHOT_CONTENTS, name)
-        if obj is None or finalizer not in (obj["metadata"].get("finalizers") or []):
-            return
-        rest = [f for f in obj["metadata"]["finalizers"] if f != finalizer]
-        try:
-            ctx.kube.custom.patch_cluster_custom_object(
-                c.GROUP,
-                c.VERSION,
-                c.PLURAL_POD_SNAPSHOT_CONTENTS,
-                name,
-                [
-                    {"op": "test", "path": "/metadata/resourceVersion", "value": obj["metadata"]["resourceVersion"]},
-                    {"op": "replace", "path": "/metadata/finalizers", "value": rest},
-                ],
-                _content_type="application/json-patch+json",
-            )
-            return
-        except ApiException as exc:
-            if exc.status not in (409, 422) or "test" not in str(exc.body):
-                raise
-    raise kopf.TemporaryError(f"{name}: finalizers kept changing; retrying", delay=1)
 
 
 @kopf.on.delete(*SNAPSHOTS, registry=registry)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,8 @@ class OperatorContext:
     server_minor: int = 0
     #: policy `namespace/name` -> (checkpoint, content) whose prefetch label this process set (operator/prefetch.py)
     prefetch_marked: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: loops the operator runs beside its handlers (operator/orphans.py), cancelled when it stops
+    background: list[asyncio.Task[None]] = field(default_factory=list)
 
     @property
     def scheduling_gates(self) -> bool:
