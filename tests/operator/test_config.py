@@ -31,10 +31,12 @@ from podsnap.kube.env import ConfigError
 from podsnap.kube.tokens import CAPTURE, KEY_FILE, Claims, TokenKey
 from podsnap.operator import main as operator_main
 from podsnap.operator.config import DEFAULT_CHECKPOINT_ENV, OperatorConfig
+from podsnap.operator.on_podsnapshot import content_body
 from tests.conftest import REPO, require_tool
 from tests.support.controlplane import free_port
 from tests.support.harness import render_chart
 from tests.support.operator_env import (
+    OTHER_NODE,
     Env,
     agent_kubeconfig,
     deployment,
@@ -356,6 +358,7 @@ def test_every_operator_variable_changes_what_the_operator_process_does(env: Env
         "workload.checkpointEnv.env.PROBE_FLAG=from-values",
         "restore.pickupTimeoutSeconds=77",
         "restore.timeoutSeconds=88",
+        "cleanup.handoverAfterSeconds=2",
     )
     environ = container_env(docs, "Deployment", "operator")
     assert set(environ) == set(c.chart_env(c.COMPONENT_OPERATOR))
@@ -418,6 +421,20 @@ def test_every_operator_variable_changes_what_the_operator_process_does(env: Env
             token = job.spec.template.metadata.annotations[c.ANNOTATION_CAPTURE_TOKEN]
             assert TokenKey.load(key).verify(token).subject == "cfg"
             seen.add(c.ENV_TOKEN_KEY_DIR)
+            # a content being deleted on a node without a Ready agent (no agent is Ready here) is released
+            # after the chart's 2 s, not the default 10 minutes
+            with validating_served_by(env.cluster, f"https://127.0.0.1:{webhook}/hooks", cert_dir / "ca.crt"):
+                orphan = content_body(
+                    name="orphan", namespace=ns, uid="0" * 8, container="main",
+                    pod={"metadata": {"name": "gone", "uid": "1" * 8}, "spec": {"nodeName": OTHER_NODE}},
+                )  # fmt: skip
+                made = env.cluster.create(c.PLURAL_POD_SNAPSHOT_CONTENTS, orphan)
+                env.cluster.kube.delete_cr(c.PLURAL_POD_SNAPSHOT_CONTENTS, made["metadata"]["name"])
+                wait_for(
+                    lambda: env.cluster.get(c.PLURAL_POD_SNAPSHOT_CONTENTS, made["metadata"]["name"]) is None,
+                    what=f"the content released after {c.ENV_CLEANUP_HANDOVER}=2",
+                )
+            seen.add(c.ENV_CLEANUP_HANDOVER)
         out = output_of(proc)
         assert " DEBUG " in out, out[-2000:]
         seen.add(c.ENV_LOG_LEVEL)
