@@ -89,6 +89,8 @@ def test_a_starting_agent_gives_a_cuda_checkpointed_source_back_and_fails_its_ca
         assert driver.state(source.pid) == RUNNING
         assert http_get(source.port)["init_id"] == source.init_id, "the source serves its own state again"
         assert not (config.journal_dir / f"{name}.json").exists(), "the record is gone: recovered once"
+        sample = env.agent_ctx.metrics.registry.get_sample_value
+        assert sample("podsnap_agent_capture_recoveries_total", {"outcome": "recovered"}) == 1
         wait_for(
             lambda: cond_is(
                 env.cluster.get(c.PLURAL_POD_SNAPSHOTS, "s", ns), c.COND_FAILED, reason=c.REASON_AGENT_RESTARTED
