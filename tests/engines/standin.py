@@ -50,6 +50,16 @@ class VllmEngineStandIn(_StandIn):
     def release_kv_cache_memory(self) -> None:
         self._record("release_kv_cache_memory")
 
+    def collective_rpc(
+        self,
+        method: str,
+        timeout: float | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        self._record(f"collective_rpc:{method}", *args)
+        return [None]
+
 
 class VllmAsyncStandIn(_StandIn):
     """Stands in for vLLM's `AsyncLLM` (every call is a coroutine)."""
@@ -70,15 +80,39 @@ class VllmAsyncStandIn(_StandIn):
         self._record("wake_up", tags=tags)
         return True
 
+    async def collective_rpc(
+        self,
+        method: str,
+        timeout: float | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        self._record(f"collective_rpc:{method}", *args)
+        return [None]
+
+
+class _ServerArgs:
+    model_path = "/models/stand-in"
+
 
 class SglangEngineStandIn(_StandIn):
-    """Stands in for `sglang.Engine`."""
+    """Stands in for `sglang.Engine`. `load_fails` makes `update_weights_from_disk` answer
+    `(False, message, 0)` as SGLang does when its loader fails (it does not raise)."""
+
+    server_args = _ServerArgs()
+    load_fails: str | None = None
 
     def release_memory_occupation(self, tags: list[str] | None = None) -> None:
         self._record("release_memory_occupation", tags=tags)
 
     def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
         self._record("resume_memory_occupation", tags=tags)
+
+    def update_weights_from_disk(self, model_path: str, load_format: str | None = None) -> tuple[bool, str, int]:
+        self._record("update_weights_from_disk", model_path=model_path)
+        if self.load_fails is not None:
+            return False, self.load_fails, 0
+        return True, "Succeeded to update model weights.", 0
 
 
 class TrtllmLLMStandIn(_StandIn):

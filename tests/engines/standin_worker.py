@@ -1,4 +1,5 @@
-"""A worker process around an engine STAND-IN: `python -m tests.engines.standin_worker JOURNAL [TIMEOUT_S]`.
+"""A worker process around an engine STAND-IN:
+`python -m tests.engines.standin_worker JOURNAL [TIMEOUT_S|-] [MODE]` (MODE: the vLLM adapter's mode).
 
 It runs the real controller with the vLLM adapter on a recording stand-in engine; every engine call
 is appended to JOURNAL as it happens, and "serving" once `run()` returned (it never does when the
@@ -28,8 +29,9 @@ class FileJournal(Journal):
 
 def main() -> int:
     journal = FileJournal(Path(sys.argv[1]))
-    timeout = float(sys.argv[2]) if len(sys.argv) > 2 else None
-    EngineSnapshot(VllmAdapter(VllmEngineStandIn(journal)), timeout_s=timeout).run()
+    timeout = float(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2] != "-" else None
+    mode = sys.argv[3] if len(sys.argv) > 3 else "kv"
+    EngineSnapshot(VllmAdapter(VllmEngineStandIn(journal), mode=mode), timeout_s=timeout).run()  # type: ignore[arg-type]
     journal.add("serving")
     return 0
 

@@ -244,6 +244,219 @@ def test_a_coroutine_engine_under_run_is_refused_with_the_fix(control_dir: Path)
         controller(VllmAdapter(VllmAsyncStandIn()), control_dir).run()
 
 
+# --- weights discarded at quiesce, reloaded at resume (vLLM mode="weights", SGLang reload_weights) ---
+VLLM_WEIGHTS_RESUME = [
+    "wake_up(tags=['weights'])",
+    "collective_rpc:reload_weights()",
+    "wake_up(tags=['kv_cache'])",
+]
+
+
+def test_vllm_weights_mode_discards_the_weights_and_reloads_them_after_the_checkpoint(control_dir: Path) -> None:
+    journal = Journal()
+    adapter = VllmAdapter(VllmEngineStandIn(journal), mode="weights")
+    with Agent(control_dir, journal):
+        outcome = controller(adapter, control_dir).run()
+    assert journal.events == [
+        "sleep(level=0, mode='abort')",
+        "sleep(level=2, mode='abort')",
+        "agent: ready-for-snapshot",
+        "agent: restore-complete",
+        *VLLM_WEIGHTS_RESUME,
+        "wake_up(tags=['scheduling'])",
+    ]
+    assert adapter.weights == "released"
+    # the reload is timed on its own: it is the cost of this mode
+    assert "collective_rpc('reload_weights')" in outcome.call_seconds
+
+
+def test_async_vllm_weights_mode_awaits_the_reload_on_the_engines_loop(control_dir: Path) -> None:
+    journal = Journal()
+    with Agent(control_dir, journal):
+        asyncio.run(controller(VllmAdapter(VllmAsyncStandIn(journal), mode="weights"), control_dir).arun())
+    assert [e for e in journal.events if not e.startswith("agent")] == [
+        "pause_generation(mode='abort', clear_cache=True)",
+        "sleep(level=2, mode='abort')",
+        *VLLM_WEIGHTS_RESUME,
+        "resume_generation()",
+    ]
+
+
+def test_a_reload_hook_replaces_the_engines_reload_between_the_two_wake_ups(control_dir: Path) -> None:
+    journal = Journal()
+
+    async def stream_weights() -> None:
+        journal.add("hook: weights streamed")
+
+    with Agent(control_dir, journal):
+        outcome = asyncio.run(
+            controller(
+                VllmAdapter(VllmAsyncStandIn(journal), mode="weights", reload=stream_weights), control_dir
+            ).arun()
+        )
+    resumed = journal.events[journal.events.index("agent: restore-complete") + 1 :]
+    assert resumed == [
+        "wake_up(tags=['weights'])",
+        "hook: weights streamed",
+        "wake_up(tags=['kv_cache'])",
+        "resume_generation()",
+    ]
+    assert any(name.startswith("reload hook ") and "stream_weights" in name for name in outcome.call_seconds)
+
+
+def test_an_engine_error_mid_reload_is_a_resume_error_and_nothing_after_it_runs(control_dir: Path) -> None:
+    journal = Journal()
+    engine = VllmEngineStandIn(journal, fail={"collective_rpc:reload_weights": EngineFault("no such file")})
+    ctl = controller(VllmAdapter(engine, mode="weights"), control_dir)
+    with Agent(control_dir, journal), pytest.raises(EngineResumeError) as caught:
+        ctl.run()
+    err = caught.value
+    assert (err.engine, err.call, err.phase) == ("vllm", "collective_rpc('reload_weights')", "resume")
+    assert isinstance(err, ResumeError) and isinstance(err.__cause__, EngineFault)
+    assert "no such file" in str(err) and "the engine is not serving" in str(err)
+    # neither the KV cache nor generation comes back on a model without weights
+    assert journal.events[-2:] == ["wake_up(tags=['weights'])", "collective_rpc:reload_weights()"]
+    assert ctl.state == "quiesced"
+
+
+def test_a_failing_reload_hook_is_a_resume_error_naming_the_hook(control_dir: Path) -> None:
+    journal = Journal()
+
+    def stream_weights() -> None:
+        raise OSError("weights file changed since the capture")
+
+    with Agent(control_dir, journal), pytest.raises(EngineResumeError) as caught:
+        controller(VllmAdapter(VllmEngineStandIn(journal), mode="weights", reload=stream_weights), control_dir).run()
+    assert caught.value.call.startswith("reload hook ") and "stream_weights" in caught.value.call
+    assert "weights file changed" in str(caught.value)
+    assert journal.events[-1] == "wake_up(tags=['weights'])"
+
+
+def test_a_failed_level2_sleep_undoes_only_the_pause_and_reloads_nothing(control_dir: Path) -> None:
+    class Level2Fails(VllmEngineStandIn):
+        def sleep(self, level: int = 1, mode: str = "abort") -> None:
+            super().sleep(level, mode)
+            if level == 2:
+                raise EngineFault("sleep mode is not enabled")
+
+    engine = Level2Fails()
+    with pytest.raises(EngineQuiesceError) as caught:
+        controller(VllmAdapter(engine, mode="weights"), control_dir).run()
+    assert caught.value.call == "sleep(level=2, mode='abort')"
+    # the weights were never released: no wake-up, no reload, only the pause is undone
+    assert engine.journal.events == [
+        "sleep(level=0, mode='abort')",
+        "sleep(level=2, mode='abort')",
+        "wake_up(tags=['scheduling'])",
+    ]
+    assert not (control_dir / contract.FILE_READY_FOR_SNAPSHOT).exists()
+
+
+def test_a_failing_quiesce_hook_after_level2_sleep_reloads_the_weights_before_resuming(control_dir: Path) -> None:
+    journal = Journal()
+    control = SnapshotControl(control_dir, poll_interval_s=0.01)
+
+    def broken_hook() -> None:
+        raise RuntimeError("worker's own quiesce hook failed")
+
+    control.on_quiesce(broken_hook)
+    ctl = EngineSnapshot(
+        VllmAdapter(VllmEngineStandIn(journal), mode="weights"), control=control, outside="ignore", exit=no_exit
+    )
+    with pytest.raises(SnapshotError):
+        ctl.run()
+    # the engine must not stay without weights: the whole undo ran, reload included
+    assert journal.events == [
+        "sleep(level=0, mode='abort')",
+        "sleep(level=2, mode='abort')",
+        *VLLM_WEIGHTS_RESUME,
+        "wake_up(tags=['scheduling'])",
+    ]
+
+
+def test_sglang_reload_weights_releases_both_and_reloads_from_the_model_path(control_dir: Path) -> None:
+    journal = Journal()
+    adapter = SglangAdapter(SglangEngineStandIn(journal), reload_weights=True)
+    with Agent(control_dir, journal):
+        controller(adapter, control_dir).run()
+    assert journal.events == [
+        "release_memory_occupation(tags=['kv_cache', 'weights'])",
+        "agent: ready-for-snapshot",
+        "agent: restore-complete",
+        "resume_memory_occupation(tags=['weights'])",
+        "update_weights_from_disk(model_path='/models/stand-in')",
+        "resume_memory_occupation(tags=['kv_cache'])",
+    ]
+    assert adapter.weights == "released"
+
+
+def test_sglang_reporting_a_failed_load_is_a_resume_error_naming_the_call(control_dir: Path) -> None:
+    journal = Journal()
+    engine = SglangEngineStandIn(journal)
+    engine.load_fails = "Failed to get weights iterator: no safetensors in /models/stand-in."
+    with Agent(control_dir, journal), pytest.raises(EngineResumeError) as caught:
+        controller(SglangAdapter(engine, reload_weights=True), control_dir).run()
+    assert (caught.value.engine, caught.value.call) == (
+        "sglang",
+        "update_weights_from_disk(model_path='/models/stand-in')",
+    )
+    assert "no safetensors" in str(caught.value)
+    assert journal.events[-1] == "update_weights_from_disk(model_path='/models/stand-in')"
+
+
+def test_sglang_reload_over_http_in_order_and_a_400_is_typed(control_dir: Path, http_stand_in: HttpStandIn) -> None:
+    journal = Journal()
+    adapter = SglangAdapter.http(http_stand_in.url, reload_weights=True, model_path="/models/m")
+    with Agent(control_dir, journal):
+        controller(adapter, control_dir).run()
+    assert [(r[1], r[3]) for r in http_stand_in.requests] == [
+        ("/pause_generation", {"mode": "abort"}),
+        ("/release_memory_occupation", {"tags": ["kv_cache", "weights"]}),
+        ("/resume_memory_occupation", {"tags": ["weights"]}),
+        ("/update_weights_from_disk", {"model_path": "/models/m"}),
+        ("/resume_memory_occupation", {"tags": ["kv_cache"]}),
+        ("/continue_generation", {}),
+    ]
+    for f in control_dir.iterdir():
+        f.unlink()
+    http_stand_in.requests.clear()
+    http_stand_in.fail["/update_weights_from_disk"] = (400, '{"success": false, "message": "Failed to update"}')
+    with Agent(control_dir, journal), pytest.raises(EngineResumeError) as caught:
+        controller(
+            SglangAdapter.http(http_stand_in.url, reload_weights=True, model_path="/models/m"), control_dir
+        ).run()
+    assert caught.value.call == 'POST /update_weights_from_disk {"model_path": "/models/m"}'
+    assert "HTTP 400" in str(caught.value)
+    assert http_stand_in.requests[-1][1] == "/update_weights_from_disk"
+
+
+def test_vllm_weights_mode_over_http_calls_the_rpc_route_between_the_wake_ups(
+    control_dir: Path, http_stand_in: HttpStandIn
+) -> None:
+    journal = Journal()
+    with Agent(control_dir, journal):
+        controller(VllmAdapter.http(http_stand_in.url, mode="weights"), control_dir).run()
+    assert [(r[1], r[2], r[3]) for r in http_stand_in.requests] == [
+        ("/pause", {"mode": ["abort"]}, None),
+        ("/sleep", {"level": ["2"], "mode": ["abort"]}, None),
+        ("/wake_up", {"tags": ["weights"]}, None),
+        ("/collective_rpc", {}, {"method": "reload_weights"}),
+        ("/wake_up", {"tags": ["kv_cache"]}, None),
+        ("/resume", {}, None),
+    ]
+
+
+def test_weights_options_refuse_bad_combinations_naming_the_fix() -> None:
+    with pytest.raises(ValueError, match="mode='weights'"):
+        VllmAdapter(VllmEngineStandIn(), mode="kv", reload=lambda: None)
+    with pytest.raises(ValueError, match="exclude each other"):
+        SglangAdapter(SglangEngineStandIn(), release_weights=True, reload_weights=True)
+    with pytest.raises(ValueError, match="model_path="):
+        SglangAdapter(object(), reload_weights=True)
+    with pytest.raises(ValueError, match="model_path="):
+        SglangAdapter.http("http://127.0.0.1:1", reload_weights=True)
+
+
 # --- exits (real processes) --------------------------------------------------------------------
 def start_worker(control_dir: Path, journal: Path, *args: str) -> subprocess.Popen[str]:
     env = {**os.environ, contract.ENV_CONTROL_DIR: str(control_dir), "PYTHONPATH": f"{REPO}:{REPO / 'python'}"}
@@ -265,6 +478,28 @@ def test_a_restore_that_never_comes_ends_in_a_clean_exit(control_dir: Path, tmp_
     assert err.strip() == "podsnap: vllm: no restore within 0.5s after ready-for-snapshot; exiting"
     assert journal.read_text().split("\n")[:2] == ["sleep(level=0, mode='abort')", "release_kv_cache_memory()"]
     assert "serving" not in journal.read_text()
+
+
+def test_weights_mode_keeps_the_timeout_exit_and_reloads_nothing(control_dir: Path, tmp_path: Path) -> None:
+    journal = tmp_path / "journal"
+    worker = start_worker(control_dir, journal, "0.5", "weights")
+    _, err = worker.communicate(timeout=WAIT_S)
+    assert worker.returncode == EXIT_RESTORE_TIMEOUT
+    assert err.strip() == "podsnap: vllm: no restore within 0.5s after ready-for-snapshot; exiting"
+    assert journal.read_text().splitlines() == ["sleep(level=0, mode='abort')", "sleep(level=2, mode='abort')"]
+
+
+def test_weights_mode_source_exits_once_its_snapshot_is_complete_without_reloading(
+    control_dir: Path, tmp_path: Path
+) -> None:
+    journal = tmp_path / "journal"
+    worker = start_worker(control_dir, journal, "-", "weights")
+    wait_for((control_dir / contract.FILE_READY_FOR_SNAPSHOT).exists, "ready-for-snapshot")
+    (control_dir / contract.FILE_RESTORE_COMPLETE).write_text("1\n")
+    _, err = worker.communicate(timeout=WAIT_S)
+    assert worker.returncode == 0
+    assert err.strip() == "podsnap: vllm: snapshot complete; the source exits"
+    assert journal.read_text().splitlines() == ["sleep(level=0, mode='abort')", "sleep(level=2, mode='abort')"]
 
 
 def test_the_source_exits_cleanly_once_its_snapshot_is_complete(control_dir: Path, tmp_path: Path) -> None:

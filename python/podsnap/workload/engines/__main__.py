@@ -29,6 +29,7 @@ from podsnap.workload.engines._controller import EngineSnapshot
 from podsnap.workload.engines._errors import EngineError
 from podsnap.workload.engines.sglang import SglangAdapter
 from podsnap.workload.engines.trtllm import TrtllmAdapter
+from podsnap.workload.engines.vllm import MODES as VLLM_MODES
 from podsnap.workload.engines.vllm import VllmAdapter
 
 DEFAULT_PORT = {"vllm": 8000, "sglang": 30000, "trtllm": 8000}
@@ -46,12 +47,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--start-timeout", type=float, default=3600.0, help="seconds to wait for the server to come up")
     p.add_argument("--snapshot-timeout", type=float, default=None, help="give up waiting for the restore after SECONDS")
     p.add_argument(
-        "--vllm-mode", choices=("kv", "level1"), default="kv", help="vLLM: release the KV cache only, or sleep level 1"
+        "--vllm-mode",
+        choices=VLLM_MODES,
+        default="kv",
+        help="vLLM: release the KV cache only (kv), sleep level 1 (weights to host), or sleep level 2 and reload "
+        "the weights after the restore (weights)",
     )
-    p.add_argument(
+    weights = p.add_mutually_exclusive_group()
+    weights.add_argument(
         "--sglang-release-weights",
         action="store_true",
         help="SGLang: also release the weights (needs --enable-weights-cpu-backup)",
+    )
+    weights.add_argument(
+        "--sglang-reload-weights",
+        action="store_true",
+        help="SGLang: discard the weights before the capture and reload them from the model path after the restore "
+        "(start the server WITHOUT --enable-weights-cpu-backup)",
+    )
+    p.add_argument(
+        "--sglang-model-path",
+        default=None,
+        metavar="PATH",
+        help="SGLang: the path to reload the weights from (default: the server command's --model-path)",
     )
     p.add_argument(
         "--api-key-env", default=None, metavar="VAR", help="send 'Authorization: Bearer $VAR' to the admin endpoints"
@@ -59,12 +77,30 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def make_adapter(args: argparse.Namespace, url: str) -> EngineAdapter:
+def command_option(cmd: Sequence[str], option: str) -> str | None:
+    """The value of `option` in a server command line (`--opt VALUE` or `--opt=VALUE`), if it is there."""
+    for i, arg in enumerate(cmd):
+        if arg == option and i + 1 < len(cmd):
+            return cmd[i + 1]
+        if arg.startswith(option + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def make_adapter(args: argparse.Namespace, url: str, cmd: Sequence[str] = ()) -> EngineAdapter:
     headers = {"Authorization": f"Bearer {os.environ[args.api_key_env]}"} if args.api_key_env else None
     if args.engine == "vllm":
         return VllmAdapter.http(url, mode=args.vllm_mode)
     if args.engine == "sglang":
-        return SglangAdapter.http(url, release_weights=args.sglang_release_weights, headers=headers)
+        if not args.sglang_reload_weights:
+            return SglangAdapter.http(url, release_weights=args.sglang_release_weights, headers=headers)
+        model_path = args.sglang_model_path or command_option(cmd, "--model-path")
+        if model_path is None:
+            raise SystemExit(
+                "podsnap: --sglang-reload-weights needs the model path: give --sglang-model-path PATH, or "
+                "--model-path PATH in the server command"
+            )
+        return SglangAdapter.http(url, reload_weights=True, model_path=model_path, headers=headers)
     return TrtllmAdapter.http(url, headers=headers)
 
 
@@ -96,6 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     url = (args.url or f"http://127.0.0.1:{DEFAULT_PORT[args.engine]}").rstrip("/")
+    adapter = make_adapter(args, url, cmd)  # before the server starts: a bad option costs no model load
     # its own process group, so a clean exit can end the whole server tree at once
     child = subprocess.Popen(cmd, start_new_session=True)
 
@@ -117,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     wait_healthy(url + args.health, child, args.start_timeout)
     try:
-        EngineSnapshot(make_adapter(args, url), timeout_s=args.snapshot_timeout, exit=end).run()
+        EngineSnapshot(adapter, timeout_s=args.snapshot_timeout, exit=end).run()
     except EngineError as e:
         print(f"podsnap: {e}", file=sys.stderr)
         end(1)

@@ -27,10 +27,17 @@ class Call:
 
 @dataclass(frozen=True)
 class Step:
-    """A quiesce call and the call that undoes it on resume (None: nothing to undo)."""
+    """A quiesce call and the call that undoes it on resume (None: nothing to undo), plus the calls
+    that finish that undo (`then`, run in order after `undo`): each needs the one before it."""
 
     do: Call
     undo: Call | None = None
+    then: tuple[Call, ...] = ()
+
+    @property
+    def undos(self) -> tuple[Call, ...]:
+        """Every call of the undo, in the order they run."""
+        return ((self.undo,) if self.undo is not None else ()) + self.then
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,11 @@ class EngineAdapter(Protocol):
         """Where the weights are during the capture: "gpu" (captured by the CUDA checkpoint), "host"
         (the engine copied them to host memory; CRIU captures them), or "released" (gone; reloaded)."""
         ...
+
+
+def hook_call(fn: Callable[[], object], what: str) -> Call:
+    """A call of the worker's own function `fn` (it may return an awaitable), named for errors."""
+    return Call(f"{what} hook {getattr(fn, '__qualname__', None) or repr(fn)}()", fn)
 
 
 def method_call(obj: object, method: str, *args: Any, **kwargs: Any) -> Call:

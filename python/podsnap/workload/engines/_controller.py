@@ -121,11 +121,11 @@ class EngineSnapshot:
         if not info.restored and self.on_source_released == "exit":
             self._finish(EXIT_SNAPSHOT_COMPLETE, "snapshot complete; the source exits")
         for step in reversed(done):
-            if step.undo is not None:
+            for undo in step.undos:
                 try:
-                    await self._await(step.undo, "resume")
+                    await self._await(undo, "resume")
                 except Exception as e:
-                    raise EngineResumeError(self.adapter.engine, step.undo.name, e) from e
+                    raise EngineResumeError(self.adapter.engine, undo.name, e) from e
         return self._resumed(info)
 
     # -- the shared sequence ---------------------------------------------------------------------
@@ -155,11 +155,11 @@ class EngineSnapshot:
         if not info.restored and self.on_source_released == "exit":
             self._finish(EXIT_SNAPSHOT_COMPLETE, "snapshot complete; the source exits")
         for step in reversed(done):
-            if step.undo is not None:
+            for undo in step.undos:
                 try:
-                    call(step.undo, "resume")
+                    call(undo, "resume")
                 except Exception as e:
-                    raise EngineResumeError(self.adapter.engine, step.undo.name, e) from e
+                    raise EngineResumeError(self.adapter.engine, undo.name, e) from e
         return self._resumed(info)
 
     def _resumed(self, info: ResumeInfo) -> EngineOutcome:
@@ -202,13 +202,14 @@ class EngineSnapshot:
 
     def _undo(self, done: list[Step], call: Callable[[Call, str], None]) -> list[EngineError]:
         errors: list[EngineError] = []
+        # a failed call ends its own step's undo (the calls after it need it), not the other steps'
         for step in reversed(done):
-            if step.undo is None:
-                continue
-            try:
-                call(step.undo, "undo")
-            except Exception as e:
-                errors.append(EngineResumeError(self.adapter.engine, step.undo.name, e))
+            for undo in step.undos:
+                try:
+                    call(undo, "undo")
+                except Exception as e:
+                    errors.append(EngineResumeError(self.adapter.engine, undo.name, e))
+                    break
         return errors
 
     def _wait_sync(self) -> ResumeInfo:
@@ -224,12 +225,12 @@ class EngineSnapshot:
     async def _aundo(self, done: list[Step]) -> list[EngineError]:
         errors: list[EngineError] = []
         for step in reversed(done):
-            if step.undo is None:
-                continue
-            try:
-                await self._await(step.undo, "undo")
-            except Exception as e:
-                errors.append(EngineResumeError(self.adapter.engine, step.undo.name, e))
+            for undo in step.undos:
+                try:
+                    await self._await(undo, "undo")
+                except Exception as e:
+                    errors.append(EngineResumeError(self.adapter.engine, undo.name, e))
+                    break
         return errors
 
     async def _await_wait(self, done: list[Step]) -> ResumeInfo:
