@@ -374,6 +374,25 @@ def test_a_failing_quiesce_hook_after_level2_sleep_reloads_the_weights_before_re
     ]
 
 
+def test_a_reload_failing_while_undoing_a_failed_quiesce_hook_stops_the_undo_and_says_so(control_dir: Path) -> None:
+    journal = Journal()
+    control = SnapshotControl(control_dir, poll_interval_s=0.01)
+
+    def broken_hook() -> None:
+        raise RuntimeError("worker's own quiesce hook failed")
+
+    control.on_quiesce(broken_hook)
+    engine = VllmEngineStandIn(journal, fail={"collective_rpc:reload_weights": EngineFault("disk gone")})
+    ctl = EngineSnapshot(VllmAdapter(engine, mode="weights"), control=control, outside="ignore", exit=no_exit)
+    with pytest.raises(SnapshotError) as caught:
+        ctl.run()
+    # generation is not resumed on a model without weights
+    assert journal.events[-1] == "collective_rpc:reload_weights()"
+    assert "wake_up(tags=['scheduling'])" not in journal.events
+    notes = getattr(caught.value, "__notes__", [])
+    assert any("collective_rpc('reload_weights')" in n and "disk gone" in n for n in notes), notes
+
+
 def test_sglang_reload_weights_releases_both_and_reloads_from_the_model_path(control_dir: Path) -> None:
     journal = Journal()
     adapter = SglangAdapter(SglangEngineStandIn(journal), reload_weights=True)

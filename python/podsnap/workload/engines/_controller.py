@@ -8,8 +8,8 @@
 Sequence of `run()` (and of `await arun()` for engines whose calls are coroutines):
   1. refuse if the process tree holds a TCP connection to an outside address (it cannot follow
      the process to another pod): the controller must run before discovery, NATS, etcd and the like;
-  2. quiesce through the adapter, step by step; a failing step undoes the steps before it and
-     raises EngineQuiesceError (ready-for-snapshot is not written);
+  2. quiesce through the adapter, step by step; a failing step undoes the steps before it (the
+     undo stops at its first failure) and raises EngineQuiesceError (ready-for-snapshot is not written);
   3. `SnapshotControl.checkpoint_and_wait()`: the capture happens inside it;
   4. restored: resume through the adapter (undo steps, reverse order), apply the restore context
      (the SDK already put the new pod's env into os.environ; `on_restore` sees it too), mark resumed
@@ -59,6 +59,12 @@ class EngineOutcome:
     info: ResumeInfo = field(default_factory=lambda: ResumeInfo(restored=False))
     #: seconds each engine call took, by call name, quiesce and resume in the order they ran
     call_seconds: dict[str, float] = field(default_factory=dict)
+
+
+def _note_undo_errors(error: BaseException, undo_errors: list[EngineError]) -> None:
+    """Say on `error` (the worker's own, raised as it is) that the engine did not come back."""
+    for undo_error in undo_errors:
+        error.add_note(f"podsnap: undoing the quiesce failed too, the engine is not serving: {undo_error}")
 
 
 def _exit(status: int) -> NoReturn:
@@ -148,9 +154,9 @@ class EngineSnapshot:
             self._finish(
                 EXIT_RESTORE_TIMEOUT, f"no restore within {self.timeout_s:g}s after ready-for-snapshot; exiting"
             )
-        except Exception:
+        except Exception as e:
             # a user hook of the SnapshotControl failed: the engine must not stay asleep
-            self._undo(done, call)
+            _note_undo_errors(e, self._undo(done, call))
             raise
         if not info.restored and self.on_source_released == "exit":
             self._finish(EXIT_SNAPSHOT_COMPLETE, "snapshot complete; the source exits")
@@ -201,16 +207,15 @@ class EngineSnapshot:
         self._timed(call, result, t0)
 
     def _undo(self, done: list[Step], call: Callable[[Call, str], None]) -> list[EngineError]:
-        errors: list[EngineError] = []
-        # a failed call ends its own step's undo (the calls after it need it), not the other steps'
+        # the first failure ends the undo: each call assumes the ones before it brought the engine back
+        # (no generation resumed on a model whose weights or KV cache did not come back)
         for step in reversed(done):
             for undo in step.undos:
                 try:
                     call(undo, "undo")
                 except Exception as e:
-                    errors.append(EngineResumeError(self.adapter.engine, undo.name, e))
-                    break
-        return errors
+                    return [EngineResumeError(self.adapter.engine, undo.name, e)]
+        return []
 
     def _wait_sync(self) -> ResumeInfo:
         return self.control.checkpoint_and_wait(timeout_s=self.timeout_s)
@@ -223,15 +228,13 @@ class EngineSnapshot:
         self._timed(call, result, t0)
 
     async def _aundo(self, done: list[Step]) -> list[EngineError]:
-        errors: list[EngineError] = []
         for step in reversed(done):
             for undo in step.undos:
                 try:
                     await self._await(undo, "undo")
                 except Exception as e:
-                    errors.append(EngineResumeError(self.adapter.engine, undo.name, e))
-                    break
-        return errors
+                    return [EngineResumeError(self.adapter.engine, undo.name, e)]
+        return []
 
     async def _await_wait(self, done: list[Step]) -> ResumeInfo:
         try:
@@ -240,6 +243,6 @@ class EngineSnapshot:
             self._finish(
                 EXIT_RESTORE_TIMEOUT, f"no restore within {self.timeout_s:g}s after ready-for-snapshot; exiting"
             )
-        except Exception:
-            await self._aundo(done)
+        except Exception as e:
+            _note_undo_errors(e, await self._aundo(done))
             raise

@@ -3,7 +3,8 @@
 SnapshotError                       (podsnap.workload)
 └── EngineError                     .engine ("vllm"), .call ("release_kv_cache_memory()"), .phase
     ├── EngineQuiesceError          also a QuiesceError: ready-for-snapshot was NOT written, and the
-    │                               steps already done were undone (their failures are in .undo_errors)
+    │                               steps already done were undone (the undo stops at its first
+    │                               failure, which is in .undo_errors)
     ├── EngineResumeError           also a ResumeError: the engine did not come back after the wait
     └── OutsideConnectionError      also a QuiesceError: the worker holds a connection that cannot
                                     follow it to another pod; nothing was quiesced
