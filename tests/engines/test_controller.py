@@ -393,6 +393,26 @@ def test_a_reload_failing_while_undoing_a_failed_quiesce_hook_stops_the_undo_and
     assert any("collective_rpc('reload_weights')" in n and "disk gone" in n for n in notes), notes
 
 
+def test_under_arun_a_failing_undo_also_stops_and_is_noted(control_dir: Path) -> None:
+    journal = Journal()
+    control = SnapshotControl(control_dir, poll_interval_s=0.01)
+
+    def broken_hook() -> None:
+        raise RuntimeError("worker's own quiesce hook failed")
+
+    control.on_quiesce(broken_hook)
+    engine = VllmAsyncStandIn(journal, fail={"wake_up": EngineFault("cuMemMap failed")})
+    ctl = EngineSnapshot(VllmAdapter(engine, mode="weights"), control=control, outside="ignore", exit=no_exit)
+    with pytest.raises(SnapshotError) as caught:
+        asyncio.run(ctl.arun())
+    assert journal.events == [
+        "pause_generation(mode='abort', clear_cache=True)",
+        "sleep(level=2, mode='abort')",
+        "wake_up(tags=['weights'])",
+    ]
+    assert any("wake_up(tags=['weights'])" in n for n in getattr(caught.value, "__notes__", []))
+
+
 def test_sglang_reload_weights_releases_both_and_reloads_from_the_model_path(control_dir: Path) -> None:
     journal = Journal()
     adapter = SglangAdapter(SglangEngineStandIn(journal), reload_weights=True)
