@@ -20,5 +20,7 @@ def test_every_gpu_test_module_imports_without_the_kubernetes_client() -> None:
         f"for name in {BLOCKED!r}: sys.modules[name] = None\n"  # an import of it raises ImportError
         f"for m in {modules!r}: importlib.import_module(m)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], check=False, cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
