@@ -121,6 +121,14 @@ SOURCE_STATUS: Schema = obj(
             "minimum": 0,
             "description": "Memory limit of the captured container; restore containers need at least this (gate memory-limit).",
         },
+        "cudaGpus": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": (
+                "Models of the GPUs whose CUDA state the capture holds (one entry per GPU; empty: no CUDA state). "
+                "Restore pods are placed on nodes with the same driver and these GPUs (placement)."
+            ),
+        },
         "gpus": {
             "type": "array",
             "items": obj(

@@ -154,3 +154,17 @@ def test_bad_bulk_sections_are_refused_naming_the_extent(mutate: object, message
     mutate(data)  # type: ignore[operator]
     with pytest.raises(ArtifactError, match=message):
         Manifest.from_dict(data, where="/a/manifest.json")
+
+
+def test_the_gpus_that_hold_cuda_state_are_what_placement_records() -> None:
+    """status.source.cudaGpus (agent/engine_executor.py): one model per GPU the captured processes used, none
+    without CUDA state; restore pods are placed by them (podsnap.kube.placement_labels)."""
+    from dataclasses import replace
+
+    from podsnap.agent.engine_executor import cuda_gpus
+
+    two = replace(_manifest().source, gpus=(*_manifest().source.gpus, GpuInfo(1, "GPU-bbbb", "NVIDIA L4", 24 << 30)))
+    used_one = replace(_manifest(), source=two)
+    assert cuda_gpus(used_one) == ["NVIDIA H200"]  # the H200 only: the L4 held no CUDA state
+    assert cuda_gpus(replace(used_one, cuda_gpu_uuids=())) == ["NVIDIA H200", "NVIDIA L4"]  # not recorded: all
+    assert cuda_gpus(replace(used_one, cuda_pids=())) == []  # a CPU capture needs no GPU

@@ -36,6 +36,19 @@ def source_facts(facts: Any) -> dict[str, Any]:
     }
 
 
+def cuda_gpus(manifest: Any) -> list[str]:
+    """The models of the GPUs whose CUDA state the artifact holds, one per GPU (what the gates `driver`,
+    `gpu-model` and `gpu-count` compare; restore pods are placed by them): none without CUDA state."""
+    return list(manifest.cuda_gpu_names) if manifest.cuda_pids else []
+
+
+def node_facts() -> dict[str, Any]:
+    """This host's facts in the shape of status.source: what the agent labels its Node with (placement)."""
+    from podsnap import engine
+
+    return source_facts(engine.host_facts())
+
+
 class EngineExecutor:
     """`cgroup_root`: the host's cgroup filesystem as the agent mounts it (PODSNAP_CGROUP_ROOT); restored
     workers join their pod container's cgroups through it, so they belong to that container (its limits,
@@ -96,7 +109,7 @@ class EngineExecutor:
         return CaptureResult(
             size_bytes=result.bytes_total,
             digest=result.manifest_digest,
-            source=source_facts(result.manifest.source),
+            source={**source_facts(result.manifest.source), "cudaGpus": cuda_gpus(result.manifest)},
             timings_ms=dict(result.timings_ms),
         )
 

@@ -37,12 +37,6 @@ class GateFailure:
         return CompatibilityError(self.gate, self.expected, self.found, self.hint)
 
 
-def _source_gpu_names(manifest: Manifest) -> list[str]:
-    used = set(manifest.cuda_gpu_uuids)
-    gpus = [g for g in manifest.source.gpus if g.uuid in used] if used else list(manifest.source.gpus)
-    return [g.name for g in gpus]
-
-
 def check(manifest: Manifest, host: HostFacts, *, memory_limit_bytes: int | None = None) -> list[GateFailure]:
     """Every gate that refuses this host (empty when the restore may proceed)."""
     src = manifest.source
@@ -59,7 +53,7 @@ def check(manifest: Manifest, host: HostFacts, *, memory_limit_bytes: int | None
                 else "no driver seen here: NVML missing (pip install 'podsnap[gpu]') or no NVIDIA driver"
             )
             out.append(GateFailure("driver", src.driver_version, host.driver_version, hint))
-        want = Counter(_source_gpu_names(manifest))
+        want = Counter(manifest.cuda_gpu_names)
         have = Counter(g.name for g in host.gpus)
         if sum(want.values()) > sum(have.values()):
             out.append(GateFailure("gpu-count", sum(want.values()), sum(have.values())))

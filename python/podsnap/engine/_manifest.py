@@ -114,6 +114,14 @@ class Manifest:
         return self.processes[0]
 
     @property
+    def cuda_gpu_names(self) -> list[str]:
+        """The models of the GPUs the captured processes used, one per GPU (all of the source's GPUs when
+        the capture did not record which)."""
+        used = set(self.cuda_gpu_uuids)
+        gpus = [g for g in self.source.gpus if g.uuid in used] if used else list(self.source.gpus)
+        return [g.name for g in gpus]
+
+    @property
     def bulk_files(self) -> tuple[str, ...]:
         return tuple(sorted({e.file for e in self.bulk}))
 

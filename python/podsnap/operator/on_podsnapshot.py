@@ -22,7 +22,7 @@ from podsnap.operator.runtime import OperatorContext, ctx_of, registry
 
 SNAPSHOTS = (c.GROUP, c.VERSION, c.PLURAL_POD_SNAPSHOTS)
 CONTENTS = (c.GROUP, c.VERSION, c.PLURAL_POD_SNAPSHOT_CONTENTS)
-SOURCE_FIELDS = ("node", "kernel", "arch", "glibc", "driver", "gpus", "imageID", "memoryLimitBytes")
+SOURCE_FIELDS = ("node", "kernel", "arch", "glibc", "driver", "gpus", "cudaGpus", "imageID", "memoryLimitBytes")
 
 
 def snapshot_terminal(status: Mapping[str, Any] | None) -> bool:
