@@ -340,3 +340,28 @@ CLEANUP_HANDOVER_DEFAULT_S: Final = 600
 #: on a content the operator handed to another node's agent for deletion: the node it was on
 ANNOTATION_HANDED_OVER_FROM: Final = f"{GROUP}/handed-over-from"
 CHART_ENV["cleanupHandover"] = (ENV_CLEANUP_HANDOVER, (COMPONENT_OPERATOR,))
+
+# --- placement: restore pods only where the artifact can restore (issue 12; additive) -------------
+#: labels the agent keeps on its own Node: the facts the restore gates compare (engine/_compat.py), in the
+#: label-safe form of podsnap.kube.placement_labels; the webhook requires the artifact's values of them
+LABEL_NODE_ARCH: Final = f"{GROUP}/arch"  # CPU architecture (gate arch)
+LABEL_NODE_KERNEL: Final = f"{GROUP}/kernel"  # kernel release (gate kernel)
+LABEL_NODE_DRIVER: Final = f"{GROUP}/nvidia-driver"  # NVIDIA driver version, exact (gate driver)
+LABEL_NODE_GPU_PRODUCT: Final = f"{GROUP}/gpu-product"  # the node's GPU model(s) (gate gpu-model)
+LABEL_NODE_GPU_COUNT: Final = f"{GROUP}/gpu-count"  # how many GPUs the node has (gate gpu-count)
+NODE_FACT_LABELS: Final = (
+    LABEL_NODE_ARCH,
+    LABEL_NODE_KERNEL,
+    LABEL_NODE_DRIVER,
+    LABEL_NODE_GPU_PRODUCT,
+    LABEL_NODE_GPU_COUNT,
+)
+#: on a pod the webhook could not place (no Ready node carries the artifact's facts): the reason, so the
+#: operator can select those pods, and ANNOTATION_PLACEMENT_MESSAGE says which facts no node matches
+LABEL_PLACEMENT: Final = f"{GROUP}/placement"
+ANNOTATION_PLACEMENT_MESSAGE: Final = f"{GROUP}/placement-message"
+#: no Ready node carries the artifact's facts: the pod starts cold (ColdStart) or stays Pending (Fail)
+REASON_NO_COMPATIBLE_NODE: Final = "NoCompatibleNode"
+#: "false": the agent labels no node and the webhook adds no node affinity (values.yaml placement.enabled)
+ENV_PLACEMENT: Final = "PODSNAP_PLACEMENT"
+CHART_ENV["placement"] = (ENV_PLACEMENT, (COMPONENT_OPERATOR, COMPONENT_AGENT))

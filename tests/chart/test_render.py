@@ -331,7 +331,8 @@ def test_rbac_is_split_by_component_with_least_privilege(default_docs: Docs) -> 
         assert op[("podsnap.io", f"{plural}/finalizers")] == {"update"}
     assert op[("batch", "jobs")] == {"get", "list", "create", "delete"}
     # delete: when a WaitForCheckpoint hold ends, the pods the webhook held are deleted (DESIGN, failure semantics)
-    assert op[("", "pods")] == {"get", "list", "delete"}
+    # watch and pods/status: pods the webhook could not place (placement) get their Restored condition
+    assert op[("", "pods")] == {"get", "list", "watch", "delete"} and op[("", "pods/status")] == {"patch"}
     assert op[("apps", "deployments")] == {"get", "list", "watch", "patch"}
     assert op[("", "events")] == {"create", "patch"}
     assert ("", "secrets") not in op and ("", "secrets") not in agent
@@ -345,7 +346,8 @@ def test_rbac_is_split_by_component_with_least_privilege(default_docs: Docs) -> 
     assert {"patch"} <= agent[("podsnap.io", "podsnapshotcontents/status")]
     assert agent[("podsnap.io", "podsnapshots")] == {"get"}
     assert agent[("", "pods")] == {"get", "list", "watch", "patch"} and agent[("", "pods/status")] == {"patch"}
-    assert ("", "nodes") not in agent
+    # placement: the labels of its own Node (the webhook refuses any other Node, any other change)
+    assert agent[("", "nodes")] == {"patch"} and ("", "nodes/status") not in agent
     for verbs in list(op.values()) + list(agent.values()):
         assert "*" not in verbs and "escalate" not in verbs and "bind" not in verbs
     for name, sa in (("podsnap-operator", "podsnap-operator"), ("podsnap-agent", "podsnap-agent")):

@@ -8,18 +8,20 @@ import base64
 
 from podsnap.contract import TOKEN_KEY_DIR_DEFAULT
 from podsnap.operator.config import WEBHOOK_PATH_ID
-from podsnap.operator.on_agent_requests import VALIDATE_AGENT_CONTENTS, VALIDATE_AGENT_PODS
+from podsnap.operator.on_agent_requests import VALIDATE_AGENT_CONTENTS, VALIDATE_AGENT_NODES, VALIDATE_AGENT_PODS
 from podsnap.operator.on_validate import VALIDATE_JOBS, VALIDATE_POLICIES, VALIDATE_SNAPSHOTS
 from tests.chart.conftest import NAMESPACE, Docs, find, render
 
 PLURALS = {"snapshotpolicies": VALIDATE_POLICIES, "snapshotjobs": VALIDATE_JOBS, "podsnapshots": VALIDATE_SNAPSHOTS}
 AGENT_HOOKS = {"pods": VALIDATE_AGENT_PODS, "podsnapshotcontents": VALIDATE_AGENT_CONTENTS}
+#: placement: an agent labels only its own Node (only with placement.enabled)
+NODE_HOOK = {"nodes": VALIDATE_AGENT_NODES}
 
 
 def test_validating_webhook_fails_closed_on_podsnap_objects(default_docs: Docs, matrix: dict[str, Docs]) -> None:
     vwc = find(default_docs, "ValidatingWebhookConfiguration", "podsnap-webhook")
     hooks = {h["rules"][0]["resources"][0]: h for h in vwc["webhooks"]}
-    assert set(hooks) == set(PLURALS) | set(AGENT_HOOKS)
+    assert set(hooks) == set(PLURALS) | set(AGENT_HOOKS) | set(NODE_HOOK)
     ca = find(default_docs, "Secret", "podsnap-webhook-tls")["data"]["ca.crt"]
     for plural, handler in PLURALS.items():
         hook = hooks[plural]
@@ -47,7 +49,8 @@ def test_validating_webhook_fails_closed_on_podsnap_objects(default_docs: Docs, 
 def test_validating_paths_follow_the_webhook_prefix(helm: str) -> None:
     docs = render(helm, "--set", f"webhook.path=/podsnap/{WEBHOOK_PATH_ID}")
     paths = {h["clientConfig"]["service"]["path"] for h in find(docs, "ValidatingWebhookConfiguration")["webhooks"]}
-    assert paths == {f"/podsnap/{handler}" for handler in [*PLURALS.values(), *AGENT_HOOKS.values()]}
+    handlers = [*PLURALS.values(), *AGENT_HOOKS.values(), *NODE_HOOK.values()]
+    assert paths == {f"/podsnap/{handler}" for handler in handlers}
 
 
 def test_agents_use_a_token_bound_to_their_pod(matrix: dict[str, Docs]) -> None:
@@ -77,6 +80,23 @@ def test_agent_node_restriction_hooks(default_docs: Docs) -> None:
         [rule] = hook["rules"]
         assert rule["operations"] == ["UPDATE"] and rule["resources"] == [plural, f"{plural}/status"]
         assert "namespaceSelector" not in hook and "objectSelector" not in hook
+
+
+def test_agent_node_label_hook_follows_placement(default_docs: Docs, helm: str) -> None:
+    """Placement: an agent's change to a Node passes the operator's check (its own Node, its placement labels
+    only). Ignore: the node controllers' updates pass there and must never wait on podsnap; the kubelet's
+    status updates (nodes/status) are not sent at all. With placement off, no hook and no Node rights."""
+    vwc = find(default_docs, "ValidatingWebhookConfiguration", "podsnap-webhook")
+    [hook] = [h for h in vwc["webhooks"] if h["rules"][0]["resources"] == ["nodes"]]
+    assert hook["failurePolicy"] == "Ignore" and hook["clientConfig"]["service"]["path"] == f"/{VALIDATE_AGENT_NODES}"
+    assert hook["rules"] == [
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["nodes"], "scope": "Cluster"}
+    ]
+    off = render(helm, "--set", "placement.enabled=false")
+    hooks = find(off, "ValidatingWebhookConfiguration")["webhooks"]
+    assert not [h for h in hooks if h["rules"][0]["resources"] == ["nodes"]]
+    agent_rules = find(off, "ClusterRole", "podsnap-agent")["rules"]
+    assert not [r for r in agent_rules if "nodes" in r["resources"]]
 
 
 def test_operator_may_ask_access_reviews_only_with_the_webhook(default_docs: Docs, matrix: dict[str, Docs]) -> None:

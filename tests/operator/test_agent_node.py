@@ -180,3 +180,41 @@ def test_an_agent_may_not_move_a_content_to_its_node(env: Env) -> None:
         custom.patch_cluster_custom_object(c.GROUP, c.VERSION, c.PLURAL_POD_SNAPSHOT_CONTENTS, theirs, mine)
     finally:
         delete_content(env, theirs)
+
+
+def test_an_agent_may_label_only_its_own_node_and_only_with_placement_labels(env: Env) -> None:
+    """Placement: each agent labels its own Node with its facts (agent/node_labels.py). The attacks, with
+    node-a's agent token: claim facts for node-b (restore pods would go there), set another label on its
+    own Node (one that attracts other workloads), uncordon it or lift its taint."""
+    agent = as_agent(env.agent_kubeconfig)
+    claim = {"metadata": {"labels": {c.LABEL_NODE_KERNEL: "6.9.0-forged"}}}
+    exc = denied(agent.core.patch_node, OTHER_NODE, claim)
+    refused_for(exc, NODE, f"Node {OTHER_NODE}", f"node {OTHER_NODE}")
+    assert c.LABEL_NODE_KERNEL not in (env.cluster.kube.core.read_node(OTHER_NODE).metadata.labels or {})
+
+    def refused_on_own_node(change: dict[str, Any]) -> None:
+        exc = denied(agent.core.patch_node, NODE, change)
+        assert exc.status == 403, exc.body
+        assert f"is the podsnap agent of node {NODE} and may change only its Node's placement labels" in str(
+            exc.body
+        ), exc.body
+
+    refused_on_own_node({"metadata": {"labels": {"node-role.kubernetes.io/inference": "true"}}})
+    refused_on_own_node({"metadata": {"labels": {"kubernetes.io/hostname": "someone-else"}}})
+    refused_on_own_node({"metadata": {"annotations": {"podsnap.io/test": "x"}}})
+    refused_on_own_node({"spec": {"unschedulable": True}})
+    admin = env.cluster.kube.core
+    admin.patch_node(NODE, {"spec": {"unschedulable": True, "taints": [{"key": "dedicated", "effect": "NoSchedule"}]}})
+    try:
+        refused_on_own_node({"spec": {"taints": None}})
+        refused_on_own_node({"spec": {"unschedulable": False}})
+    finally:
+        admin.patch_node(NODE, {"spec": {"unschedulable": None, "taints": None}})
+    node = admin.read_node(NODE)
+    assert node.metadata.labels["kubernetes.io/hostname"] == NODE and "node-role.kubernetes.io/inference" not in (
+        node.metadata.labels
+    )
+
+    # its own placement labels it may set, and remove: what it does at start and every few minutes
+    own = {"metadata": {"labels": {c.LABEL_NODE_ARCH: "x86_64", c.LABEL_NODE_GPU_COUNT: None}}}
+    assert agent.core.patch_node(NODE, own).metadata.labels[c.LABEL_NODE_ARCH] == "x86_64"

@@ -53,7 +53,7 @@ def test_a_starting_agent_removes_what_its_node_left_half_done_and_only_that(env
     published = sorted(p.name for p in mine.iterdir()) if mine.is_dir() else []
 
     env.agent.stop()  # the agent died; a new process starts
-    env.agent.ctx = agent_main.build_context(env.agent_ctx.config, env.executor)
+    env.agent.ctx = agent_main.build_context(env.agent_ctx.config, env.executor, env.agent_ctx.node_facts)
     env.agent.start()
 
     wait_for(lambda: not staging.exists() and not deleting.exists(), what="the leftovers of this node removed")
@@ -116,7 +116,7 @@ def test_a_restore_the_earlier_agent_left_half_done_is_killed_and_the_pod_falls_
     # what CRIU had restored: in the container's cgroups, a child of the pod's PID 1
     (placeholder.cgroup / "cgroup.procs").write_text(f"{restored_worker}\n")
 
-    env.agent.ctx = agent_main.build_context(env.agent_ctx.config, env.executor)
+    env.agent.ctx = agent_main.build_context(env.agent_ctx.config, env.executor, env.agent_ctx.node_facts)
     env.agent.start()
 
     def verdict() -> dict[str, Any] | None:

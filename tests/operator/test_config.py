@@ -176,6 +176,7 @@ def test_rendered_values_reach_the_operator_config() -> None:
         "seccomp.profileName=custom/profile.json",
         "restore.pickupTimeoutSeconds=77",
         "restore.timeoutSeconds=88",
+        "placement.enabled=false",
     )
     config = OperatorConfig.from_env(container_env(docs, "Deployment", "operator"))
     assert (config.restore_pickup_timeout_s, config.restore_max_s) == (77, 88)
@@ -183,6 +184,7 @@ def test_rendered_values_reach_the_operator_config() -> None:
     assert (config.webhook_port, config.webhook_prefix) == (9103, "/hooks")
     assert config.webhook_cert_dir == Path(c.WEBHOOK_CERT_DIR_DEFAULT)
     assert config.seccomp_profile == "custom/profile.json"
+    assert config.placement is False and OperatorConfig.from_env({}).placement is True
     off = render_chart(require_tool("helm"), CHART, "metrics.enabled=false", "webhook.enabled=false")
     off_config = OperatorConfig.from_env(container_env(off, "Deployment", "operator"))
     assert (off_config.metrics_port, off_config.webhook_port) == (0, 0)
@@ -359,6 +361,7 @@ def test_every_operator_variable_changes_what_the_operator_process_does(env: Env
         "restore.pickupTimeoutSeconds=77",
         "restore.timeoutSeconds=88",
         "cleanup.handoverAfterSeconds=2",
+        "placement.enabled=false",
     )
     environ = container_env(docs, "Deployment", "operator")
     assert set(environ) == set(c.chart_env(c.COMPONENT_OPERATOR))
@@ -409,6 +412,9 @@ def test_every_operator_variable_changes_what_the_operator_process_does(env: Env
             given = {e["name"]: e.get("value") for e in env_ops}
             assert (given[c.ENV_RESTORE_TIMEOUT], given[c.ENV_RESTORE_MAX]) == ("77", "88"), patch
             seen.update((c.ENV_RESTORE_TIMEOUT, c.ENV_RESTORE_MAX))
+            # ... and without placement's node affinity (the session operator, placement on, adds one)
+            assert not [op for op in patch if op["path"].startswith("/spec/affinity")], patch
+            seen.add(c.ENV_PLACEMENT)
             # capture pods run with the chart's seccomp profile
             # (the validating webhook, which fails closed, is this process's while the session operator is away)
             with validating_served_by(env.cluster, f"https://127.0.0.1:{webhook}/hooks", cert_dir / "ca.crt"):
@@ -456,6 +462,7 @@ def test_every_agent_variable_changes_what_the_agent_process_does(env: Env, tmp_
         "agent.cache.maxSize=3Gi",
         "agent.cache.minFreePercent=7",
         "agent.cache.prefetch.concurrency=2",
+        "placement.enabled=false",
     )
     environ = container_env(docs, "DaemonSet", "agent")
     assert set(environ) == set(c.chart_env(c.COMPONENT_AGENT))
@@ -472,6 +479,7 @@ def test_every_agent_variable_changes_what_the_agent_process_does(env: Env, tmp_
     content = _content(node)
     # its token is bound to an agent pod of that node, as the chart's is (the operator's webhook checks it)
     kubeconfig = agent_kubeconfig(env.cluster, node, env.agent_kubeconfig, tmp_path / "agent.kubeconfig")
+    env.cluster.kube.core.create_node({"metadata": {"name": node}})
     with process(c.COMPONENT_AGENT, environ, kubeconfig) as proc:
         wait_for(
             lambda: proc.poll() is None and http_get(f"http://127.0.0.1:{health}/healthz"),
@@ -521,6 +529,11 @@ def test_every_agent_variable_changes_what_the_agent_process_does(env: Env, tmp_
                 _delete_content(env, marked["metadata"]["name"])
                 env.cluster.kube.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
         seen.add(c.ENV_TOKEN_KEY_DIR)
+    # placement off: it acted on its content above, yet left its Node unlabelled (the session agent labels its own)
+    labels = env.cluster.kube.core.read_node(node).metadata.labels or {}
+    env.cluster.kube.core.delete_node(node)
+    assert not set(labels) & set(c.NODE_FACT_LABELS), labels
+    seen.add(c.ENV_PLACEMENT)
     out = output_of(proc)
     assert " DEBUG " in out, out[-2000:]
     seen.add(c.ENV_LOG_LEVEL)

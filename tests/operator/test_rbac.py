@@ -38,7 +38,7 @@ MATRIX = [
     ("patch", "jobs.batch", False, False),
     ("get", "pods", True, True),
     ("list", "pods", True, True),
-    ("watch", "pods", False, True),
+    ("watch", "pods", True, True),  # operator: the pods the webhook could not place (placement)
     ("patch", "pods", False, True),
     ("patch", "pods/status", False, True),
     ("create", "pods", False, False),
@@ -54,7 +54,8 @@ MATRIX = [
     ("patch", "replicasets.apps", False, False),
     ("get", "nodes", True, False),
     ("delete", "nodes", False, False),
-    ("patch", "nodes", False, False),
+    ("patch", "nodes", False, True),  # agent: the placement labels of its own Node (webhook-enforced)
+    ("update", "nodes", False, False),
     ("create", "events", True, True),
     ("create", "subjectaccessreviews.authorization.k8s.io", True, False),
     ("create", "tokenreviews.authentication.k8s.io", False, False),

@@ -24,7 +24,7 @@ from podsnap.operator.on_agent_requests import AGENT_LABELS
 from podsnap.operator.runtime import OperatorContext
 from tests.support.controlplane import ControlPlane, free_port
 from tests.support.harness import RELEASE_NS, Cluster, ContainerProcess, KopfThread, cond_is, render_chart
-from tests.support.recording import RecordingExecutor
+from tests.support.recording import SOURCE, RecordingExecutor
 from tests.support.tools import REPO, require_tool
 from tests.support.waiting import wait_for
 
@@ -37,6 +37,16 @@ RETRY_BASE_S = 3.0
 VERIFY_INTERVAL_S = 1.0
 #: short, so that a deletion on a node without a running agent is handed over (or released) within the waits
 CLEANUP_HANDOVER_S = 3
+READY_CONDITION = {
+    "type": "Ready",
+    "status": "True",
+    "reason": "KubeletReady",
+    "message": "kubelet is posting ready status",
+    "lastHeartbeatTime": "2026-12-01T00:00:00Z",
+    "lastTransitionTime": "2026-12-01T00:00:00Z",
+}
+#: what the kubelet reports a node can hold (a scheduler, tests/support/scheduler.py, needs room on it)
+ALLOCATABLE = {"cpu": "16", "memory": "64Gi", "pods": "110"}
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 
@@ -52,6 +62,8 @@ class Env:
     agent_kubeconfig: Path
     webhook_port: int
     chart_docs: list[dict[str, Any]]
+    #: the control plane's admin credentials (for parts the tests play: a scheduler)
+    admin_kubeconfig: Path | None = None
 
     @property
     def operator_ctx(self) -> OperatorContext:
@@ -92,8 +104,14 @@ def start_env(cp: ControlPlane, tmp: Path) -> Env:
 
     admin = Kube(Credentials.load(cp.kubeconfig).api_client())
     cluster = Cluster(kube=admin, kubectl=cp.kubectl)
-    for node in (NODE, OTHER_NODE):  # the kubelet registers its Node
+    for node in (NODE, OTHER_NODE):  # the kubelet registers its Node and reports it Ready
         admin.core.create_node({"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}}})
+        admin.core.patch_node_status(
+            node, {"status": {"conditions": [READY_CONDITION], "capacity": ALLOCATABLE, "allocatable": ALLOCATABLE}}
+        )
+        # the API server tainted it not-ready when it was created; the node lifecycle controller (not run here)
+        # lifts that once the node is Ready
+        admin.core.patch_node(node, {"spec": {"taints": None}})
 
     op_kc = cp.token_kubeconfig(
         cp.service_account_token(RELEASE_NS, OPERATOR_SA), tmp / "operator.kubeconfig", "operator"
@@ -155,8 +173,10 @@ def start_env(cp: ControlPlane, tmp: Path) -> Env:
     operator = KopfThread(
         "operator", operator_main.run, operator_main.build_context(op_config), listens_on=port
     ).start()
-    agent = KopfThread("agent", agent_main.run, agent_main.build_context(agent_config, executor)).start()
-    return Env(cluster, operator, agent, executor, artifact_root, op_kc, agent_kc, port, docs)
+    # node-a's host has the facts the recording executor's captures record, so its restore pods are placed there
+    context = agent_main.build_context(agent_config, executor, node_facts=lambda: dict(SOURCE))
+    agent = KopfThread("agent", agent_main.run, context).start()
+    return Env(cluster, operator, agent, executor, artifact_root, op_kc, agent_kc, port, docs, cp.kubeconfig)
 
 
 def set_agent_ready(cluster: Cluster, node: str, ready: bool) -> None:

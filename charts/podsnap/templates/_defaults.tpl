@@ -95,6 +95,8 @@ operator:
     create: true
     name: ''
   tolerations: []
+placement:
+  enabled: true
 rbac:
   aggregateClusterRoles: true
 restore:

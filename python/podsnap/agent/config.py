@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from podsnap import contract as c
-from podsnap.kube.env import ConfigError, env_int, env_path, env_port, env_str, log_level
+from podsnap.kube.env import ConfigError, env_choice, env_int, env_path, env_port, env_str, log_level
 
 #: the node cache's defaults when the variables are unset (the chart always sets them)
 CACHE_MAX_SIZE_DEFAULT = "200Gi"
@@ -37,6 +37,8 @@ class AgentConfig:
     cache_min_free_percent: int = CACHE_MIN_FREE_PERCENT_DEFAULT
     #: artifacts copied into the cache at once, for prefetch and after restores; 0: no prefetch watch
     prefetch_concurrency: int = 1
+    #: label this node with the facts the restore gates compare (node_labels.py; values.yaml placement.enabled)
+    placement: bool = True
 
     @property
     def logs_dir(self) -> Path:
@@ -72,6 +74,7 @@ class AgentConfig:
                 c.ENV_CACHE_MIN_FREE_PERCENT, CACHE_MIN_FREE_PERCENT_DEFAULT, 0, 90, environ
             ),
             prefetch_concurrency=_bounded(c.ENV_PREFETCH_CONCURRENCY, 1, 0, 64, environ),
+            placement=env_choice(c.ENV_PLACEMENT, ("true", "false"), "true", environ) == "true",
         )
 
 

@@ -7,7 +7,8 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from podsnap import contract as c
 from podsnap.agent.cache import ArtifactCache, CacheMetrics, IOGate
@@ -16,6 +17,7 @@ from podsnap.agent.config import AgentConfig
 from podsnap.agent.executor import Executor
 from podsnap.agent.handlers import registry
 from podsnap.agent.metrics import AgentMetrics
+from podsnap.agent.node_labels import labelling
 from podsnap.agent.on_prefetch import prefetch_loop
 from podsnap.agent.runtime import AgentContext
 from podsnap.kube import entrypoint
@@ -32,11 +34,18 @@ def engine_executor(config: AgentConfig) -> Executor:
     return EngineExecutor(cgroup_root=config.cgroup_root, log_dir=config.logs_dir, journal_dir=config.journal_dir)
 
 
-def build_context(config: AgentConfig, executor: Executor | None = None) -> AgentContext:
-    """`executor` defaults to the engine; tests that cannot run CRIU pass a recording stand-in. With a
-    cache directory configured, restores go through the node-local artifact cache."""
+def build_context(
+    config: AgentConfig, executor: Executor | None = None, node_facts: Callable[[], dict[str, Any]] | None = None
+) -> AgentContext:
+    """`executor` defaults to the engine, `node_facts` (what the Node is labelled with) to this host's; tests
+    that cannot run CRIU pass stand-ins. With a cache directory configured, restores go through the
+    node-local artifact cache."""
     if executor is None:
         executor = engine_executor(config)
+    if node_facts is None:
+        from podsnap.agent.engine_executor import node_facts as host_facts
+
+        node_facts = host_facts
     credentials = Credentials.load(config.kubeconfig)
     metrics = AgentMetrics()
     cache = filler = None
@@ -59,6 +68,7 @@ def build_context(config: AgentConfig, executor: Executor | None = None) -> Agen
         tokens=TokenKey.load(config.token_key_dir),
         cache=cache,
         filler=filler,
+        node_facts=node_facts,
     )
 
 
@@ -96,7 +106,7 @@ async def run(
     ready_flag: asyncio.Event | threading.Event | None = None,
 ) -> None:
     """The handlers until stop_flag is set (tests run it in a thread), with the node cache when configured."""
-    with node_cache(ctx):
+    with node_cache(ctx), labelling(ctx):
         await entrypoint.run_kopf(registry, ctx, stop_flag=stop_flag, ready_flag=ready_flag)
 
 

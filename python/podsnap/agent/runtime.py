@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,8 @@ class AgentContext:
     filler: Filler | None = None
     #: loops the agent runs beside its handlers (agent/volume_sweep.py), cancelled when it stops
     background: list[asyncio.Task[None]] = field(default_factory=list)
+    #: this host's facts in the shape of status.source, which the agent labels its Node with (node_labels.py)
+    node_facts: Callable[[], dict[str, Any]] = dict
 
 
 def ctx_of(memo: Any) -> AgentContext:

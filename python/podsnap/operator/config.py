@@ -50,6 +50,9 @@ class OperatorConfig:
     #: seconds a content being deleted waits for its node's agent; then another node's agent removes the
     #: artifact (operator/orphans.py)
     cleanup_handover_s: int = c.CLEANUP_HANDOVER_DEFAULT_S
+    #: restore pods get a node affinity to nodes whose agent labelled them with the artifact's facts
+    #: (operator/placement.py; values.yaml placement.enabled)
+    placement: bool = True
 
     @property
     def webhook_prefix(self) -> str:
@@ -75,6 +78,7 @@ class OperatorConfig:
             restore_pickup_timeout_s=env_seconds(c.ENV_RESTORE_TIMEOUT, c.RESTORE_TIMEOUT_DEFAULT_S, environ),
             restore_max_s=env_seconds(c.ENV_RESTORE_MAX, c.RESTORE_MAX_DEFAULT_S, environ),
             cleanup_handover_s=env_seconds(c.ENV_CLEANUP_HANDOVER, c.CLEANUP_HANDOVER_DEFAULT_S, environ),
+            placement=env_choice(c.ENV_PLACEMENT, ("true", "false"), "true", environ) == "true",
         )
 
 

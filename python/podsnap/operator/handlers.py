@@ -2,6 +2,7 @@
 
 from podsnap.operator import (
     on_agent_requests,
+    on_placement,
     on_pod_create,
     on_podsnapshot,
     on_policy,
@@ -15,6 +16,7 @@ from podsnap.operator.runtime import registry
 
 __all__ = [
     "on_agent_requests",
+    "on_placement",
     "on_pod_create",
     "on_podsnapshot",
     "on_policy",

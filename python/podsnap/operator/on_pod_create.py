@@ -16,6 +16,7 @@ from podsnap.kube.client import Kube, get_or_none
 from podsnap.kube.tokens import RESTORE, Claims
 from podsnap.operator import safe_env
 from podsnap.operator.config import WEBHOOK_PATH_ID
+from podsnap.operator.placement import mark, placement_of, with_required
 from podsnap.operator.policy import serving_replicas, template_hash
 from podsnap.operator.restore_pod import NotShapeable, Timeouts, failure_policy, shape
 from podsnap.operator.runtime import OperatorContext, ctx_of, registry
@@ -175,6 +176,15 @@ def mutate_pod(
         return
     snapshot, container = plan.snapshot, plan.container
     on_failure = failure_policy(body, plan.on_failure)
+    # skipCompatCheck skips the gates, so it skips placing by them too
+    where = None if plan.skip_compat or not ctx.config.placement else placement_of(ctx.kube, plan.namespace, snapshot)
+    if where is not None and where.unmatched and on_failure == c.RESTORE_FAILURE_COLD_START:
+        cold: dict[str, Any] = {}
+        mark(cold, where.unmatched)
+        patch.metadata["labels"], patch.metadata["annotations"] = cold["labels"], cold["annotations"]
+        logger.warning("pod not shaped for restore (cold start): %s", where.unmatched)
+        ctx.metrics.pods_cold.labels(c.REASON_NO_COMPATIBLE_NODE).inc()
+        return
     timeouts = Timeouts(ctx.config.restore_pickup_timeout_s, ctx.config.restore_max_s)
     try:
         shaped = shape(body, snapshot=snapshot, container=container, on_failure=on_failure, timeouts=timeouts)
@@ -188,6 +198,11 @@ def mutate_pod(
     meta["annotations"][c.ANNOTATION_RESTORE_TOKEN] = ctx.tokens.mint(claims)
     if plan.skip_compat or c.ANNOTATION_SKIP_COMPAT_CHECK in meta["annotations"]:
         meta["annotations"][c.ANNOTATION_SKIP_COMPAT_CHECK] = str(plan.skip_compat).lower()
+    if where is not None:
+        patch.spec["affinity"] = with_required(shaped["spec"].get("affinity"), where.expressions())
+        if where.unmatched:  # restoreFailurePolicy Fail: Pending until such a node is Ready
+            mark(meta, where.unmatched)
+            logger.warning("restore pod held Pending (restoreFailurePolicy Fail): %s", where.unmatched)
     patch.metadata["annotations"] = meta["annotations"]
     patch.metadata["labels"] = meta["labels"]
     for key in ("containers", "volumes", "shareProcessNamespace"):

@@ -32,6 +32,8 @@ class OperatorContext:
     prefetch_marked: dict[str, tuple[str, str]] = field(default_factory=dict)
     #: loops the operator runs beside its handlers (operator/orphans.py), cancelled when it stops
     background: list[asyncio.Task[None]] = field(default_factory=list)
+    #: uids of pods the webhook could not place whose Restored condition this process wrote (on_placement.py)
+    placement_noticed: set[str] = field(default_factory=set)
 
     @property
     def scheduling_gates(self) -> bool:

@@ -52,6 +52,8 @@ def apply_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> N
         settings.admission.server = NoWebhookServer()
     # the chart owns the MutatingWebhookConfiguration; kopf must not rewrite it
     settings.admission.managed = None
+    # of all pods, the operator watches only those the webhook could not place (operator/on_placement.py)
+    settings.watching.label_selectors["v1", "pods"] = c.LABEL_PLACEMENT
 
 
 @kopf.on.startup(registry=registry)
