@@ -33,3 +33,10 @@ def test_immediate_serves_cold_while_capturing_and_restores_pods_created_after_r
     assert restored(new) == f"True/{contract.REASON_RESTORE_SUCCEEDED}", restored_summary(pods)
     assert restore_from(new) == run.checkpoint
     assert init_id(worker_health(cluster, namespace, new.metadata.name, podsnap.demo_port)) in run.source_init_ids
+    # placement: the node's agent labelled it with its host's facts, and the restore pod required the
+    # checkpoint's values of them (docs/troubleshooting.md, Placement)
+    labels = cluster.core.read_node(new.spec.node_name).metadata.labels or {}
+    terms = new.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution.node_selector_terms
+    required = {e.key: e.values for t in terms for e in t.match_expressions or [] if e.key in contract.NODE_FACT_LABELS}
+    assert set(required) >= {contract.LABEL_NODE_ARCH, contract.LABEL_NODE_KERNEL}, required
+    assert all(labels.get(key) in values for key, values in required.items()), (required, labels)
