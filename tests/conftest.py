@@ -20,8 +20,9 @@ from tests.support.tools import REPO, TOOLS_BIN, gpu_missing_reason, require_too
 
 __all__ = ["REPO", "TOOLS_BIN", "ControlPlaneFactory", "gpu_missing_reason", "require_tool", "tool"]
 
-#: a run fails when a required suite (chart, engine, operator, e2e) was selected but skipped entirely
-pytest_plugins = ["tests.support.required_suites"]
+#: a run fails when a required suite (chart, engine, operator, e2e) was selected but skipped entirely; a run
+#: with fault tests ends with the count of those survived
+pytest_plugins = ["tests.support.required_suites", "tests.support.fault_count"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -16,6 +16,9 @@ podsnap keeps its own fixtures only where the plugin falls short (docs/testing.m
   typed models, the API server's pod/service proxy and exec, and pykube cannot read kubeconfigs whose
   exec credential plugin speaks client.authentication.k8s.io/v1 (tests/unit/test_e2e_plugin.py);
 - `--e2e-worker cpu|gpu` (tests/conftest.py) picks the demo worker: the plugin knows nothing of workloads.
+
+Tests marked `fault(name)` (test_faults.py, test_failures.py) are counted by tests/support/fault_count.py:
+the run's terminal summary says how many of the faults that ran were survived (`faults survived: N of M`).
 """
 
 from __future__ import annotations

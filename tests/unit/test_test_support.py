@@ -81,3 +81,62 @@ def test_a_suite_with_one_test_run_or_an_explicit_opt_out_passes(tmp_path: Path)
     assert allowed.returncode == 0, allowed.stdout
     other = run_suites(tmp_path / "c", {"demo/test_d.py": SKIPS})  # not a required suite
     assert other.returncode == 0, other.stdout
+
+
+FAULTS = """import pytest
+
+pytestmark = pytest.mark.fault
+
+@pytest.mark.fault("agent killed")
+def test_survived():
+    pass
+
+@pytest.mark.fault("volume full")
+def test_not_survived():
+    assert False
+
+@pytest.mark.parametrize("how", ["delete", "truncate"])
+def test_artifact_lost(how):
+    pass
+
+@pytest.mark.xfail(strict=True, reason="not built yet")
+@pytest.mark.fault("agent absent")
+def test_pending():
+    assert False
+
+def test_no_cluster():
+    pytest.skip("no cluster")
+
+@pytest.mark.fault("broken teardown")
+def test_teardown_fails(broken):
+    pass
+
+@pytest.fixture
+def broken():
+    yield
+    raise RuntimeError("teardown")
+"""
+
+
+def test_a_run_with_fault_tests_ends_with_the_count_of_faults_survived_naming_the_rest(tmp_path: Path) -> None:
+    (tmp_path / "tests" / "e2e").mkdir(parents=True)
+    (tmp_path / "tests" / "e2e" / "test_f.py").write_text(FAULTS)
+    (tmp_path / "tests" / "unit").mkdir(parents=True)
+    (tmp_path / "tests" / "unit" / "test_u.py").write_text(PASSES)
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    fault(name): a fault\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    got = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "tests.support.fault_count", "-p", "no:cacheprovider", "tests"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    line = next((x for x in got.stdout.splitlines() if x.startswith("faults survived:")), None)
+    assert line == (
+        "faults survived: 3 of 6 (agent killed, artifact lost [delete], artifact lost [truncate]; not survived: "
+        "volume full (failed), agent absent (xfailed), broken teardown (failed); 1 not run)"
+    ), got.stdout
+    # a run that selects no fault test says nothing about faults
+    unit = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "tests.support.fault_count", "-p", "no:cacheprovider", "tests/unit"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert unit.returncode == 0 and "faults survived" not in unit.stdout, unit.stdout

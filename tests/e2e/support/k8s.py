@@ -98,15 +98,17 @@ class Cluster:
             )
         return proc
 
-    def kubectl(
-        self, *args: str, timeout: float = 120, check: bool = True, stdin: str | None = None
-    ) -> subprocess.CompletedProcess[str]:
+    def kubectl_argv(self, *args: str) -> list[str]:
+        """The kubectl command line for `args` against this cluster (for a process run in the background)."""
         kubectl = tool("kubectl")
         if kubectl is None:
             raise AssertionError("kubectl not installed: run `make setup`")
-        return self._run(
-            [kubectl, "--kubeconfig", str(self.kubeconfig), *args], timeout=timeout, check=check, stdin=stdin
-        )
+        return [kubectl, "--kubeconfig", str(self.kubeconfig), *args]
+
+    def kubectl(
+        self, *args: str, timeout: float = 120, check: bool = True, stdin: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return self._run(self.kubectl_argv(*args), timeout=timeout, check=check, stdin=stdin)
 
     def helm(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
         helm = tool("helm")
