@@ -8,7 +8,8 @@ the reason on the objects, the source not lost, and nothing of the test left on 
   again;
 - the artifact volume full: the capture is refused with StorageFull before it touches the source, the
   workload serves cold, and once there is room the policy captures again;
-- the node agent absent while a PodSnapshotContent is deleted: the deletion still finishes.
+- the node agent absent while a PodSnapshot is deleted: its deletion still finishes, after the operator's
+  wait for the agent, set short here.
 
 test_failures.py holds the others of issue 12 (a corrupt artifact, an incompatible one, the agent killed
 mid-capture). Every test here is marked `fault`: the suite ends with a count of the faults survived."""
@@ -20,6 +21,7 @@ import time
 import pytest
 
 from podsnap import contract
+from podsnap.operator import orphans
 from tests.e2e.support import artifacts
 from tests.e2e.support.capture import run_capture
 from tests.e2e.support.config import E2EConfig
@@ -32,6 +34,7 @@ from tests.e2e.support.faults import (
     contents_of_namespace,
     fallback_cause,
     new_pod_after_scale,
+    operator_env,
     restore_verdict,
     restored_condition,
     settled,
@@ -48,7 +51,7 @@ from tests.e2e.support.flow import (
     wait_serving,
     worker_health,
 )
-from tests.e2e.support.k8s import Cluster, Pending, WaitTimeout, condition, pod_ready, wait_until
+from tests.e2e.support.k8s import Cluster, Pending, condition, pod_ready, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.fault]
 APP = "worker"
@@ -216,20 +219,15 @@ def test_a_full_artifact_volume_refuses_the_capture_with_storage_full_and_the_so
     clean_up(cluster, podsnap, namespace, APP, node)
 
 
-#: how long deleting a content may wait for its node's absent agent here: the operator's wait for the agent
-#: before it hands the artifact to another node's agent, or gives up on it (set short for this test), and
-#: its sweep
-DELETION_WITHOUT_AGENT_S = 60.0
+#: the operator's wait for an absent agent here (chart cleanup.handoverAfterSeconds, 600 s by default):
+#: then it hands the deletion to another node's agent, or, with none anywhere, lets it finish
+HANDOVER_S = 10
+#: how long deleting a content may take with its node's agent absent: that wait, the operator's sweep
+#: that notices it ran out, and the API's own latency
+DELETION_WITHOUT_AGENT_S = HANDOVER_S + orphans.SWEEP_S + 15
 
 
 @pytest.mark.fault("agent absent during deletion")
-@pytest.mark.xfail(
-    strict=True,
-    raises=WaitTimeout,
-    reason="a PodSnapshotContent's deletion waits for its node's agent for ever (the agent's artifact "
-    "finalizer): issue 12 asks for a bounded wait after which it proceeds without that agent (helper "
-    "`recovery`: operator/orphans.py, cleanup.handoverAfterSeconds, not on main yet)",
-)
 def test_deleting_a_snapshot_while_its_nodes_agent_is_absent_finishes(
     cluster: Cluster, podsnap: E2EConfig, namespace: str
 ) -> None:
@@ -237,10 +235,11 @@ def test_deleting_a_snapshot_while_its_nodes_agent_is_absent_finishes(
     content = artifacts.content_of(cluster, run.snapshot)
     node = content["spec"]["nodeName"]
     name = content["metadata"]["name"]
-    with agent_absent(cluster, podsnap):
+    with operator_env(cluster, podsnap, contract.ENV_CLEANUP_HANDOVER, str(HANDOVER_S)), agent_absent(cluster, podsnap):
         cluster.kubectl(
             "delete", "-n", namespace, f"snapshotpolicy/{APP}", f"deployment/{APP}", f"service/{APP}", "--wait=false"
         )
+        deleting = time.monotonic()
         wait_until(
             lambda: (
                 not cluster.list_custom(contract.PLURAL_POD_SNAPSHOTS, namespace)
@@ -249,11 +248,18 @@ def test_deleting_a_snapshot_while_its_nodes_agent_is_absent_finishes(
             timeout=DELETION_WITHOUT_AGENT_S,
             what=f"PodSnapshot {run.checkpoint} and {name} deleted while no agent runs",
         )
-    # another node's agent removed the artifact; with none anywhere (one node), an Event names what was left
+        took = time.monotonic() - deleting
+    assert took >= HANDOVER_S - 1, f"deleted after {took:.0f} s: the operator did not wait for the agent"
+    # another node's agent removed the artifact (ArtifactHandedOver); with none anywhere (a single node) the
+    # deletion was let go with an Event saying the artifact is left, to be removed by hand
+    events = cluster.core.list_namespaced_event("default", field_selector=f"involvedObject.name={name}").items
+    reasons = {e.reason: e.message for e in events}
     left = artifacts.leftovers(cluster, podsnap, node, namespace)
     if left:
-        events = cluster.core.list_namespaced_event("default", field_selector=f"involvedObject.name={name}").items
-        said = [e.message for e in events if e.reason == "ArtifactLeftBehind"]
-        assert said, f"the artifact was left ({left}) and no ArtifactLeftBehind Event says so"
+        assert orphans.REASON_ARTIFACT_LEFT in reasons, (
+            f"the artifact was left ({left}) and no Event says so: {reasons}"
+        )
         artifacts.in_artifact(cluster, podsnap, content, "import os, shutil; shutil.rmtree(os.environ['ARTIFACT'])")
+    else:
+        assert orphans.REASON_HANDED_OVER in reasons, reasons
     assert not artifacts.leftovers(cluster, podsnap, node, namespace)

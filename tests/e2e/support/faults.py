@@ -284,3 +284,29 @@ def agent_absent(cluster: Cluster, cfg: E2EConfig) -> Iterator[None]:
         back = {"spec": {"template": {"spec": {"nodeSelector": {ABSENT_LABEL: None}}}}}
         cluster.apps.patch_namespaced_daemon_set(cfg.agent_daemonset, cfg.release_namespace, back)
         wait_agent_rolled_out(cluster, cfg)
+
+
+@contextmanager
+def operator_env(cluster: Cluster, cfg: E2EConfig, name: str, value: str) -> Iterator[None]:
+    """The operator runs with environment variable `name` set to `value` while inside (its Deployment
+    patched and rolled out), and with what it had before afterwards."""
+    deployment = cluster.apps.read_namespaced_deployment(cfg.operator_deployment, cfg.release_namespace)
+    [container] = [c for c in deployment.spec.template.spec.containers if c.name == "operator"]
+    before = next((e.value for e in container.env or [] if e.name == name), None)
+
+    def set_to(v: str | None) -> None:
+        setting = f"{name}={v}" if v is not None else f"{name}-"
+        cluster.kubectl(
+            "set", "env", f"deployment/{cfg.operator_deployment}", "-n", cfg.release_namespace, "-c", "operator",
+            setting,
+        )  # fmt: skip
+        cluster.kubectl(
+            "rollout", "status", f"deployment/{cfg.operator_deployment}", "-n", cfg.release_namespace,
+            f"--timeout={int(cfg.timeout_s)}s", timeout=cfg.timeout_s + 30,
+        )  # fmt: skip
+
+    set_to(value)
+    try:
+        yield
+    finally:
+        set_to(before)
