@@ -2,7 +2,8 @@
 node is refused with RestoreIncompatible (and either way the pod serves, started cold, with
 Restored=False/FellBackToColdStart naming the cause: a restore that cannot happen costs speed, never
 availability), and an agent killed in the middle of a capture leaves a
-failed job with a reason (or a retry that succeeds), never a lost worker."""
+failed job with a reason (or a retry that succeeds), never a lost worker. Each ends with nothing of its
+namespace left on the artifact volume once its objects are deleted (support/faults.py: clean_up)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tests.e2e.support.capture import run_capture
 from tests.e2e.support.config import E2EConfig
 from tests.e2e.support.faults import (
     assert_serves_cold,
+    clean_up,
     new_pod_after_scale,
     restore_verdict,
     restored_condition,
@@ -66,6 +68,7 @@ def test_a_corrupt_artifact_fails_the_restore_and_the_pod_never_serves(
 
     status = wait_until(recaptured, timeout=3 * podsnap.timeout_s, what=f"policy {APP} Ready on a new capture")
     assert status["captureAttempt"] == 2, status
+    clean_up(cluster, podsnap, namespace, APP, content["spec"]["nodeName"])
 
 
 @pytest.mark.fault("incompatible artifact")
@@ -88,6 +91,7 @@ def test_a_snapshot_from_an_incompatible_node_is_refused_with_restore_incompatib
     assert_serves_cold(
         cluster, podsnap, namespace, pod, source_ids=run.source_init_ids, cause=contract.REASON_RESTORE_INCOMPATIBLE
     )
+    clean_up(cluster, podsnap, namespace, APP, content["spec"]["nodeName"])
 
 
 @pytest.mark.fault("agent killed mid-capture")
@@ -134,3 +138,5 @@ def test_killing_the_agent_mid_capture_fails_the_job_with_a_reason_or_retries_an
         f"--timeout={int(podsnap.timeout_s)}s", timeout=podsnap.timeout_s + 30,
     )  # fmt: skip
     assert time.monotonic() - killed_at < 3 * podsnap.timeout_s
+    # what the killed capture had staged is gone with its content
+    clean_up(cluster, podsnap, namespace, APP, content["spec"]["nodeName"])
