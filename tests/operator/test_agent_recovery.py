@@ -129,7 +129,11 @@ def test_a_restore_the_earlier_agent_left_half_done_is_killed_and_the_pod_falls_
     assert f"killed what it had restored (pids [{restored_worker}])" in cond["message"], cond
     wait_for(lambda: not Path(f"/proc/{restored_worker}").exists(), what="the half-restored worker gone")
     assert placeholder.proc is not None and placeholder.proc.poll() is None, "the container's own process lives"
-    assert (control / c.FILE_RESTORE_FAILED).read_text().startswith(f"{c.REASON_AGENT_RESTARTED}: ")
+    # the pod's condition and the control-dir file are two writes: the file may follow the condition
+    wait_for(
+        lambda: (control / c.FILE_RESTORE_FAILED).read_text().startswith(f"{c.REASON_AGENT_RESTARTED}: "),
+        what="the placeholder told to start cold, with the cause",
+    )
     assert not env.executor.of("restore", "r", ns), "nothing is restored into it again"
 
 

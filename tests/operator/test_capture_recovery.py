@@ -47,7 +47,7 @@ def source(tmp_path: Path) -> Iterator[Worker]:
 def test_a_starting_agent_gives_a_cuda_checkpointed_source_back_and_fails_its_capture(
     env: Env, ns: str, tmp_path: Path, source: Worker
 ) -> None:
-    config = env.agent_ctx.config
+    config, facts = env.agent_ctx.config, env.agent_ctx.node_facts  # the suite's node facts, kept for the others
     env.agent.stop()  # the agent died in the middle of this capture
     try:
         running_pod(env, ns, "p")
@@ -74,7 +74,7 @@ def test_a_starting_agent_gives_a_cuda_checkpointed_source_back_and_fails_its_ca
 
         engine = EngineExecutor(journal_dir=config.journal_dir, cuda=FakeCudaDriver(tmp_path / "cuda"))
         executor = RecoveringRecorder(engine=engine)
-        env.agent.ctx = agent_main.build_context(config, executor)
+        env.agent.ctx = agent_main.build_context(config, executor, facts)
         env.agent.start()
 
         content = wait_for(
@@ -107,5 +107,5 @@ def test_a_starting_agent_gives_a_cuda_checkpointed_source_back_and_fails_its_ca
         assert not executor.of("capture", "p", ns), "the abandoned capture is not run again"
     finally:
         env.agent.stop()
-        env.agent.ctx = agent_main.build_context(config, env.executor)
+        env.agent.ctx = agent_main.build_context(config, env.executor, facts)
         env.agent.start()
