@@ -39,6 +39,7 @@ from tests.e2e.support.faults import (
     restored_condition,
     settled,
     wait_agent_rolled_out,
+    warning_event,
 )
 from tests.e2e.support.flow import (
     capture_pods,
@@ -80,6 +81,8 @@ def test_the_agent_killed_mid_restore_leaves_the_replica_serving_cold_with_agent
     cond = restored_condition(cluster, namespace, pod)
     assert verdict == f"False/{contract.REASON_FELL_BACK_TO_COLD_START}", f"{verdict}: {cond.message}"
     assert fallback_cause(cond) == contract.REASON_AGENT_RESTARTED, cond.message
+    said = warning_event(cluster, podsnap, namespace, pod, contract.REASON_FELL_BACK_TO_COLD_START)
+    assert said.startswith(f"{contract.REASON_AGENT_RESTARTED}: "), said
     body = assert_serves_cold(
         cluster,
         podsnap,
@@ -129,6 +132,8 @@ def test_an_artifact_lost_between_capture_and_restore_falls_back_cold_and_the_po
         assert verdict == f"False/{contract.REASON_FELL_BACK_TO_COLD_START}", f"{verdict}: {cond.message}"
         assert fallback_cause(cond) == contract.REASON_RESTORE_FAILED, cond.message
         assert names_cause(cond.message), f"the fallback does not say the artifact was {how}d: {cond.message}"
+        said = warning_event(cluster, podsnap, namespace, pod, contract.REASON_FELL_BACK_TO_COLD_START)
+        assert said.startswith(f"{contract.REASON_RESTORE_FAILED}: ") and names_cause(said), said
         body = assert_serves_cold(
             cluster, podsnap, namespace, pod, source_ids=run.source_init_ids, cause=contract.REASON_RESTORE_FAILED
         )
@@ -148,6 +153,11 @@ def test_an_artifact_lost_between_capture_and_restore_falls_back_cold_and_the_po
 
     failed = wait_until(lost, timeout=podsnap.timeout_s, what=f"PodSnapshot {name} Failed/ArtifactLost")
     assert names_cause(failed["message"]), f"ArtifactLost does not say the artifact was {how}d: {failed['message']}"
+    said = warning_event(cluster, podsnap, namespace, name, contract.REASON_ARTIFACT_LOST)
+    assert names_cause(said), said
+    # the replica restored before the artifact was lost keeps serving as the source
+    for earlier in known:
+        assert init_id(worker_health(cluster, namespace, earlier, podsnap.demo_port)) in run.source_init_ids
 
     def recaptured() -> dict | Pending:
         status = (policy(cluster, namespace, APP) or {}).get("status") or {}
@@ -184,6 +194,9 @@ def test_a_full_artifact_volume_refuses_the_capture_with_storage_full_and_the_so
         failed = wait_until(storage_full, timeout=podsnap.timeout_s, interval=0.2, what="the capture refused")
         assert failed["reason"] == contract.REASON_STORAGE_FULL, f"{failed} ({df})"
         assert "free" in failed["message"] and "not touched" in failed["message"], failed["message"]
+        [snap] = cluster.list_custom(contract.PLURAL_POD_SNAPSHOTS, namespace)
+        said = warning_event(cluster, podsnap, namespace, snap["metadata"]["name"], contract.REASON_STORAGE_FULL)
+        assert "free" in said, said
         assert answers and all(a[0] == 200 for a in answers), f"the source stopped answering: {answers}"
         assert len({a[1] for a in answers}) == 1, f"more than one worker answered as the source: {answers}"
 

@@ -154,6 +154,17 @@ def clean_up(cluster: Cluster, cfg: E2EConfig, namespace: str, app: str, node: s
     assert not left, f"the artifact volume still holds, for namespace {namespace}: {left}"
 
 
+def warning_event(cluster: Cluster, cfg: E2EConfig, namespace: str, name: str, reason: str) -> str:
+    """The message of the Warning Event `reason` on object `name` of `namespace` (waiting for it)."""
+
+    def posted() -> str | Pending:
+        events = cluster.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
+        found = [e.message for e in events if e.type == "Warning" and e.reason == reason]
+        return found[-1] if found else Pending(str([(e.type, e.reason) for e in events]))
+
+    return wait_until(posted, timeout=cfg.timeout_s, what=f"a Warning Event {reason} on {namespace}/{name}")
+
+
 def fallback_cause(cond: kclient.V1PodCondition) -> str:
     """The cause a FellBackToColdStart message names first ("Cause: ...")."""
     assert cond.status == "False" and cond.reason == contract.REASON_FELL_BACK_TO_COLD_START, (
