@@ -103,7 +103,8 @@ def describe_files(
     return tuple(FileEntry(path=r, size=sizes[r], digest=digests[r][0], chunks=digests[r][1]) for r in sorted(rels))
 
 
-def _fsync_path(path: Path, *, directory: bool = False) -> None:
+def fsync_path(path: Path, *, directory: bool = False) -> None:
+    """fsync a file, or a directory's entries (`directory=True`): what makes a rename durable."""
     fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
     try:
         os.fsync(fd)
@@ -136,14 +137,14 @@ class Staging:
         """fsync every file and directory, then rename into place (atomic on one filesystem)."""
         dirs = {self.path}
         for p in _walk(self.path):
-            _fsync_path(p)
+            fsync_path(p)
             dirs.add(p.parent)
         for d in sorted(dirs, key=lambda d: -len(d.parts)):
-            _fsync_path(d, directory=True)
+            fsync_path(d, directory=True)
         if self.dest.exists():
             raise ArtifactError(f"{self.dest} appeared while capturing: not overwriting it", path=str(self.dest))
         self.path.rename(self.dest)
-        _fsync_path(self.dest.parent, directory=True)
+        fsync_path(self.dest.parent, directory=True)
         return self.dest
 
     def discard(self) -> None:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from podsnap.engine import _proctree as proctree
+from podsnap.engine._artifact import fsync_path
 from podsnap.engine._cuda import CudaCheckpointer, default_checkpointer
 from podsnap.engine.errors import CudaError
 
@@ -142,14 +143,6 @@ def procs(pids: Iterable[int]) -> tuple[Proc, ...]:
     return tuple(out)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class Journal:
     """The record of one capture at `path` (None: a capture that keeps none)."""
 
@@ -191,7 +184,7 @@ class Journal:
             return
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
-            _fsync_dir(self.path.parent)
+            fsync_path(self.path.parent, directory=True)
         self.record = None
 
     def _write(self, record: Record) -> None:
@@ -208,7 +201,7 @@ class Journal:
             with contextlib.suppress(OSError):
                 tmp.unlink()
             raise
-        _fsync_dir(self.path.parent)
+        fsync_path(self.path.parent, directory=True)
 
 
 def read(path: Path) -> Record:
