@@ -3,13 +3,23 @@ mount namespaces) by its host PID, restore it into another pod's namespaces, as 
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from podsnap import contract as c
 from podsnap.agent.engine_executor import EngineExecutor
-from podsnap.agent.executor import CaptureRequest, ExecutionError, IncompatibleError, PodRef, RestoreRequest
+from podsnap.agent.executor import (
+    ArtifactUnusable,
+    CaptureRequest,
+    ExecutionError,
+    IncompatibleError,
+    PodRef,
+    RestoreRequest,
+)
 from podsnap.engine import _proctree as proctree  # white-box: pid namespace introspection
 from tests.support.criu import criu_or_skip
 from tests.support.processes import Pod, http_get
@@ -119,3 +129,39 @@ def test_an_artifact_changed_after_its_capture_is_refused(pods: tuple[Pod, Pod],
         )
     assert refused.value.reason == "RestoreFailed"
     assert proctree.host_pid_in_ns(ns_pid, dst.init_pid) is None, "nothing was restored into the destination"
+
+
+def test_an_artifact_in_a_newer_format_fails_the_restore_but_is_not_marked_lost(tmp_path: Path) -> None:
+    """An agent older than the artifact (after a rollback, or not yet upgraded in a rolling upgrade) must not
+    mark a newer checkpoint lost: it cannot read it, another agent can. A broken artifact still is lost."""
+    artifact = tmp_path / "artifact"
+    artifact.mkdir()
+    newer = json.dumps({"schema": "podsnap.io/artifact", "schemaVersion": 99})
+    (artifact / "manifest.json").write_text(newer)
+    digest = "sha256:" + hashlib.sha256(newer.encode()).hexdigest()
+    executor = EngineExecutor()
+    for call in (executor.check, executor.artifact_files, executor.verify_artifact):
+        with pytest.raises(ExecutionError, match="newer than this podsnap understands") as err:
+            call(artifact, digest)
+        assert not isinstance(err.value, ArtifactUnusable), f"{call.__name__} would mark it ArtifactLost"
+        assert err.value.reason == c.REASON_RESTORE_FAILED
+    (artifact / "manifest.json").write_text(newer.replace("99", "1"))  # changed after its capture
+    with pytest.raises(ArtifactUnusable):
+        executor.check(artifact, digest)
+
+
+def test_a_bad_journal_record_is_reported_and_removed_and_the_agent_starts(tmp_path: Path) -> None:
+    """Records live on the artifact volume: a malformed one (or one whose recovery raises) must not stop the
+    node's agent from starting, nor be tried again at every start."""
+    from podsnap.engine import _journal as journal  # white-box: the record's version
+
+    journal_dir = tmp_path / "journal"
+    journal_dir.mkdir()
+    (journal_dir / "c-note.json").write_text(json.dumps({"version": journal.VERSION, "note": "x"}))
+    (journal_dir / "c-json.json").write_text("{not json")
+    (journal_dir / "c-fields.json").write_text(json.dumps({"version": journal.VERSION, "root": "x"}))
+    found = EngineExecutor(journal_dir=journal_dir).recover_captures()
+    assert sorted(f.content for f in found) == ["c-fields", "c-json", "c-note"]
+    assert not any(f.source_alive for f in found)
+    assert all("journal record not recovered" in f.summary for f in found), found
+    assert not list(journal_dir.glob("*.json")), "reported once, never tried again"

@@ -198,3 +198,32 @@ def test_a_tree_left_stopped_in_the_dump_is_continued_but_not_a_process_stopped_
         for p in (root, before):
             p.kill()
             p.wait()
+
+
+def test_a_stopped_tree_runs_again_before_its_cuda_state_is_given_back(tmp_path: Path) -> None:
+    """As after a failed dump: the driver's restore works in the target's own threads, so a tree a dead
+    tracer left stopped is continued first (locked, it only blocks in CUDA), then restored and unlocked."""
+    root = subprocess.Popen(["sleep", "300"])
+    try:
+        driver = FakeCudaDriver(tmp_path / "cuda", [root.pid])
+        record = journal.Journal(tmp_path / "c-2.json")
+        record.begin(root.pid, [root.pid], [root.pid], leave_running=False)
+        for step, call in ((journal.STEP_CUDA_LOCK, driver.lock), (journal.STEP_CUDA_CHECKPOINT, driver.checkpoint)):
+            record.step(step)
+            call(root.pid)
+        record.step(journal.STEP_CRIU_DUMP)
+        os.kill(root.pid, signal.SIGSTOP)
+        wait_for(lambda: journal.proctree.state(root.pid) == "T", what="the stop in the dump")
+
+        recovery = recover_capture(read_capture_journal(tmp_path / "c-2.json"), cuda=FakeCudaDriver(tmp_path / "cuda"))
+
+        assert not recovery.problems, recovery.summary()
+        assert recovery.actions[0] == f"SIGCONT pid {root.pid}", recovery.actions
+        assert [a.split()[0] for a in recovery.actions[1:]] == [
+            "cuCheckpointProcessRestore",
+            "cuCheckpointProcessUnlock",
+        ]
+        assert driver.state(root.pid) == RUNNING
+    finally:
+        root.kill()
+        root.wait()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from podsnap import contract as c
 from podsnap.agent.executor import (
@@ -47,6 +47,19 @@ def node_facts() -> dict[str, Any]:
     from podsnap import engine
 
     return source_facts(engine.host_facts())
+
+
+if TYPE_CHECKING:
+    from podsnap.engine import ArtifactError
+
+
+def unusable(exc: ArtifactError) -> ExecutionError:
+    """The agent's error for an artifact the engine refused. A format this podsnap cannot read (written by a
+    newer one) is not a broken artifact: the restore fails, but the artifact is not marked lost, so a
+    rollback or an agent left behind in a rolling upgrade does not destroy newer checkpoints."""
+    if exc.unsupported:
+        return ExecutionError(str(exc), reason=c.REASON_RESTORE_FAILED)
+    return ArtifactUnusable(str(exc))
 
 
 class EngineExecutor:
@@ -136,7 +149,7 @@ class EngineExecutor:
         except engine.CompatibilityError as exc:
             raise IncompatibleError(exc.gate, str(exc)) from exc
         except engine.ArtifactError as exc:
-            raise ArtifactUnusable(str(exc)) from exc
+            raise unusable(exc) from exc
         except engine.EngineError as exc:
             raise ExecutionError(str(exc), reason=c.REASON_RESTORE_FAILED) from exc
         return RestoreResult(pids=result.pids or (result.pid,), timings_ms=dict(result.timings_ms))
@@ -149,12 +162,14 @@ class EngineExecutor:
             return []
         found: list[CaptureRecovered] = []
         for path in sorted(self.journal_dir.glob("*.json")):
+            # one bad record (a malformed file on the volume, a driver that raises) must neither stop the
+            # agent from starting nor be tried again at every start: it is reported and removed
             try:
                 record = engine.read_capture_journal(path)
-            except (OSError, ValueError) as exc:
-                found.append(CaptureRecovered(path.stem, "unknown", False, f"unreadable journal record: {exc}"))
-            else:
                 recovery = engine.recover_capture(record, cuda=self.cuda)
+            except Exception as exc:
+                found.append(CaptureRecovered(path.stem, "unknown", False, f"journal record not recovered: {exc}"))
+            else:
                 found.append(
                     CaptureRecovered(
                         content=record.note.get("content") or path.stem,
@@ -164,7 +179,8 @@ class EngineExecutor:
                         problems=recovery.problems,
                     )
                 )
-            path.unlink(missing_ok=True)
+            finally:
+                path.unlink(missing_ok=True)
         for tmp in self.journal_dir.glob(".*.tmp"):  # a write that died before its rename
             tmp.unlink(missing_ok=True)
         return found
@@ -176,7 +192,9 @@ class EngineExecutor:
         try:
             manifest = engine.read_manifest(artifact_dir, expected_digest=expected_digest or None)
             engine.verify(artifact_dir, manifest, deferred=[f.path for f in manifest.files])
-        except (engine.ArtifactError, ValueError) as exc:
+        except engine.ArtifactError as exc:
+            raise unusable(exc) from exc
+        except ValueError as exc:
             raise ArtifactUnusable(str(exc)) from exc
 
     def remove(self, artifact_dir: Path) -> None:
@@ -190,6 +208,8 @@ class EngineExecutor:
         try:
             manifest = engine.read_manifest(artifact, expected_digest=digest)
             own = (artifact / engine.MANIFEST_NAME).lstat().st_size
+        except engine.ArtifactError as exc:
+            raise unusable(exc) from exc
         except (engine.EngineError, OSError, ValueError) as exc:
             raise ArtifactUnusable(str(exc)) from exc
         return [(engine.MANIFEST_NAME, own), *((f.path, f.size) for f in manifest.files)]
@@ -200,5 +220,7 @@ class EngineExecutor:
         try:
             manifest = engine.read_manifest(artifact, expected_digest=digest)
             return engine.verify(artifact, manifest) + (artifact / engine.MANIFEST_NAME).lstat().st_size
+        except engine.ArtifactError as exc:
+            raise unusable(exc) from exc
         except (engine.EngineError, OSError, ValueError) as exc:
             raise ArtifactUnusable(str(exc)) from exc

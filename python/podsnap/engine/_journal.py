@@ -116,6 +116,8 @@ class Record:
         data = json.loads(text)
         if not isinstance(data, dict) or data.get("version") != VERSION:
             raise ValueError(f"not a version {VERSION} capture journal record")
+        if not isinstance(data.get("note") or {}, dict):
+            raise ValueError("capture journal record: 'note' is not an object")
 
         def proc(item: Any) -> Proc:
             pid, start = item
@@ -286,7 +288,9 @@ def recover(record: Record, cuda: CudaCheckpointer | None = None) -> Recovery:
         return Recovery(record, source_alive=False)
     actions: list[str] = []
     problems: list[str] = []
+    # the tree runs again first, as after a failed dump: the driver's restore works in the target's own
+    # threads, and a process whose CUDA state is still locked only blocks in CUDA until it is unlocked
+    _continue_stopped(record, actions, problems)
     if record.cuda and _at_least(record.step, STEP_CUDA_LOCK):
         _give_back_cuda(record, cuda or default_checkpointer(), actions, problems)
-    _continue_stopped(record, actions, problems)
     return Recovery(record, source_alive=True, actions=tuple(actions), problems=tuple(problems))

@@ -185,12 +185,14 @@ class Manifest:
                 f"{where}: schemaVersion {version} is newer than this podsnap understands ({SCHEMA_VERSION}); "
                 "upgrade podsnap",
                 path=where,
+                unsupported=True,
             )
         chunk_bytes = data.get("chunkBytes", CHUNK_BYTES)
         if chunk_bytes != CHUNK_BYTES:
             raise ArtifactError(
                 f"{where}: chunkBytes {chunk_bytes!r} differs from this podsnap's {CHUNK_BYTES}; upgrade podsnap",
                 path=where,
+                unsupported=True,
             )
         algorithm = _digest.LEGACY
         if version >= 3:
@@ -200,6 +202,7 @@ class Manifest:
                     f"{where}: 'digestAlgorithm' {named!r} is not one this podsnap checks "
                     f"({', '.join(_digest.ALGORITHMS)}); upgrade podsnap",
                     path=where,
+                    unsupported=True,
                 )
             algorithm = str(named)
         elif "digestAlgorithm" in data:

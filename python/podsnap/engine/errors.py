@@ -56,10 +56,14 @@ class CudaError(EngineError):
 
 
 class ArtifactError(EngineError):
-    """The artifact cannot be used. `path` names the offending file (or the artifact directory)."""
+    """The artifact cannot be used. `path` names the offending file (or the artifact directory).
 
-    def __init__(self, message: str, *, path: str | None = None) -> None:
+    `unsupported`: written in a format this podsnap cannot read (a newer schema, digest algorithm or chunk
+    size): the artifact may be fine for a newer podsnap, so a caller must not treat it as broken."""
+
+    def __init__(self, message: str, *, path: str | None = None, unsupported: bool = False) -> None:
         self.path = path
+        self.unsupported = unsupported
         super().__init__(message)
 
 
