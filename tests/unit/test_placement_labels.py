@@ -134,9 +134,9 @@ def test_the_placement_affinity_is_anded_into_every_term_the_user_wrote() -> Non
     }
 
 
-def _node(labels: dict[str, str], *, ready: bool = True, cordoned: bool = False) -> dict[str, Any]:
+def _node(labels: dict[str, str], *, ready: bool = True, cordoned: bool = False, name: str = "n") -> dict[str, Any]:
     return {
-        "metadata": {"labels": labels},
+        "metadata": {"name": name, "labels": labels},
         "spec": {"unschedulable": cordoned},
         "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
     }
@@ -155,3 +155,44 @@ def test_the_message_names_the_facts_no_ready_node_has() -> None:
     assert f"{c.LABEL_NODE_KERNEL}=6.9.0" in message and "arch" not in message.split("(")[0]
     split = [_node({c.LABEL_NODE_ARCH: "x86_64"}), _node({c.LABEL_NODE_KERNEL: "6.9.0"})]
     assert unmatched(required, split).startswith("no single Ready node has all of the checkpoint's arch x86_64")
+
+
+def test_a_node_the_pods_own_selector_or_affinity_excludes_does_not_count() -> None:
+    """A Deployment pinned to a pool where no node has the checkpoint's facts must start cold under ColdStart:
+    the facts ANDed into its own terms could never be scheduled, so such nodes are not a match."""
+    required = [Requirement(c.LABEL_NODE_KERNEL, "In", "6.9.0", "kernel", "6.9.0")]
+    pool_a = _node({c.LABEL_NODE_KERNEL: "6.9.0", "pool": "a"}, name="a-1")
+    pool_b = _node({c.LABEL_NODE_KERNEL: "6.1.0", "pool": "b"}, name="b-1")
+    assert unmatched(required, [pool_a, pool_b]) == ""
+    assert unmatched(required, [pool_a, pool_b], {"nodeSelector": {"pool": "a"}}) == ""
+    message = unmatched(required, [pool_a, pool_b], {"nodeSelector": {"pool": "b"}})
+    assert message.startswith("no Ready node has the checkpoint's kernel 6.9.0"), message
+    assert "that the pod's own nodeSelector and node affinity allow (1 excluded)" in message
+
+    def affinity(*terms: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "affinity": {
+                "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": list(terms)}}
+            }
+        }
+
+    def expr(key: str, op: str, *values: str) -> dict[str, Any]:
+        return {"key": key, "operator": op, **({"values": list(values)} if values else {})}
+
+    # the scheduler's operators; the terms are ORed, the expressions of one term ANDed
+    assert unmatched(required, [pool_a], affinity({"matchExpressions": [expr("pool", "NotIn", "a")]}))
+    assert not unmatched(required, [pool_a], affinity({"matchExpressions": [expr("pool", "In", "a", "c")]}))
+    assert unmatched(required, [pool_a], affinity({"matchExpressions": [expr("gpu", "Exists")]}))
+    assert not unmatched(required, [pool_a], affinity({"matchExpressions": [expr("gpu", "DoesNotExist")]}))
+    assert not unmatched(
+        required,
+        [pool_a],
+        affinity(
+            {"matchExpressions": [expr("pool", "In", "b")]}, {"matchFields": [expr("metadata.name", "In", "a-1")]}
+        ),
+    )
+    assert unmatched(required, [pool_a], affinity({"matchFields": [expr("metadata.name", "NotIn", "a-1")]}))
+    assert unmatched(required, [pool_a], affinity({}))  # an empty term matches no node
+    numbered = _node({c.LABEL_NODE_KERNEL: "6.9.0", "rack": "7"}, name="r")
+    assert not unmatched(required, [numbered], affinity({"matchExpressions": [expr("rack", "Gt", "5")]}))
+    assert unmatched(required, [numbered], affinity({"matchExpressions": [expr("rack", "Lt", "5")]}))

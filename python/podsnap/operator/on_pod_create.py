@@ -177,7 +177,11 @@ def mutate_pod(
     snapshot, container = plan.snapshot, plan.container
     on_failure = failure_policy(body, plan.on_failure)
     # skipCompatCheck skips the gates, so it skips placing by them too
-    where = None if plan.skip_compat or not ctx.config.placement else placement_of(ctx.kube, plan.namespace, snapshot)
+    where = (
+        None
+        if plan.skip_compat or not ctx.config.placement
+        else placement_of(ctx.kube, plan.namespace, snapshot, body.get("spec") or {})
+    )
     if where is not None and where.unmatched and on_failure == c.RESTORE_FAILURE_COLD_START:
         cold: dict[str, Any] = {}
         mark(cold, where.unmatched)

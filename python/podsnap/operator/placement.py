@@ -57,14 +57,62 @@ def schedulable(node: Mapping[str, Any]) -> bool:
     return ready and not (node.get("spec") or {}).get("unschedulable")
 
 
-def unmatched(required: Sequence[Requirement], nodes: Sequence[Mapping[str, Any]]) -> str:
-    """ "" when one of `nodes` (Ready, schedulable) carries every requirement; else a sentence naming the facts."""
-    labelled = [(n.get("metadata") or {}).get("labels") or {} for n in nodes if schedulable(n)]
+def _expression_holds(expr: Mapping[str, Any], labels: Mapping[str, str], name: str, *, field: bool) -> bool:
+    """One matchExpressions / matchFields entry, as the scheduler reads it."""
+    key, op, values = expr.get("key"), expr.get("operator"), [str(v) for v in expr.get("values") or ()]
+    value = (name if key == "metadata.name" else None) if field else labels.get(str(key))
+    if op == "In":
+        return value is not None and value in values
+    if op == "NotIn":
+        return value is None or value not in values
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    if op in ("Gt", "Lt") and value is not None and values:
+        try:
+            return int(value) > int(values[0]) if op == "Gt" else int(value) < int(values[0])
+        except ValueError:
+            return False
+    return False
+
+
+def allows(pod_spec: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+    """Whether the pod's own nodeSelector and required node affinity let it onto `node` (taints, resources
+    and the rest of the scheduler's checks are left to the scheduler)."""
+    meta = node.get("metadata") or {}
+    labels, name = meta.get("labels") or {}, str(meta.get("name") or "")
+    if any(labels.get(k) != v for k, v in (pod_spec.get("nodeSelector") or {}).items()):
+        return False
+    node_affinity = (pod_spec.get("affinity") or {}).get("nodeAffinity") or {}
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if not required:
+        return True
+    # the terms are ORed; an empty term matches no node
+    return any(
+        (term.get("matchExpressions") or term.get("matchFields"))
+        and all(_expression_holds(e, labels, name, field=False) for e in term.get("matchExpressions") or ())
+        and all(_expression_holds(e, labels, name, field=True) for e in term.get("matchFields") or ())
+        for term in required.get("nodeSelectorTerms") or ()
+    )
+
+
+def unmatched(
+    required: Sequence[Requirement], nodes: Sequence[Mapping[str, Any]], pod_spec: Mapping[str, Any] | None = None
+) -> str:
+    """ "" when one of `nodes` (Ready, schedulable, and allowed by the pod's own nodeSelector and required
+    affinity) carries every requirement; else a sentence naming the facts. A node the pod itself excludes
+    does not count: the ANDed affinity could never be met, and under ColdStart the pod must start cold."""
+    ready = [n for n in nodes if schedulable(n)]
+    allowed = [n for n in ready if allows(pod_spec or {}, n)]
+    labelled = [(n.get("metadata") or {}).get("labels") or {} for n in allowed]
     if any(all(r.matches(labels) for r in required) for labels in labelled):
         return ""
     missing = [r for r in required if not any(r.matches(labels) for labels in labelled)]
     facts = ", ".join(r.describe() for r in missing or required)
     where = f"of {len(labelled)} Ready node(s) labelled by a podsnap agent"
+    if len(allowed) < len(ready):
+        where += f" that the pod's own nodeSelector and node affinity allow ({len(ready) - len(allowed)} excluded)"
     if missing:
         return f"no Ready node has the checkpoint's {facts} ({where}; labels {_selector(missing)})"
     return f"no single Ready node has all of the checkpoint's {facts} ({where})"
@@ -74,9 +122,11 @@ def _selector(required: Sequence[Requirement]) -> str:
     return ", ".join(f"{r.label}>{r.value}" if r.operator == "Gt" else f"{r.label}={r.value}" for r in required)
 
 
-def placement_of(kube: Kube, namespace: str, snapshot: str) -> Placement | None:
-    """What a restore pod from `namespace/snapshot` must require of its node; None: nothing (no facts recorded,
-    or the API server could not say: the gates still check the restore where the pod lands)."""
+def placement_of(
+    kube: Kube, namespace: str, snapshot: str, pod_spec: Mapping[str, Any] | None = None
+) -> Placement | None:
+    """What a restore pod (`pod_spec`) from `namespace/snapshot` must require of its node; None: nothing (no
+    facts recorded, or the API server could not say: the gates still check the restore where the pod lands)."""
     try:
         required = tuple(requirements(artifact_source(kube, namespace, snapshot)))
         if not required:
@@ -86,7 +136,7 @@ def placement_of(kube: Kube, namespace: str, snapshot: str) -> Placement | None:
     except ApiException as exc:
         log.warning("placement of a restore pod from %s/%s skipped: %s", namespace, snapshot, exc.reason)
         return None
-    return Placement(required, unmatched(required, [kube.sanitize(n) for n in nodes]))
+    return Placement(required, unmatched(required, [kube.sanitize(n) for n in nodes], pod_spec))
 
 
 def with_required(affinity: Mapping[str, Any] | None, expressions: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
