@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import base64
 
-from podsnap.contract import TOKEN_KEY_DIR_DEFAULT
+from podsnap.contract import ENV_PLACEMENT, TOKEN_KEY_DIR_DEFAULT
 from podsnap.operator.config import WEBHOOK_PATH_ID
 from podsnap.operator.on_agent_requests import VALIDATE_AGENT_CONTENTS, VALIDATE_AGENT_NODES, VALIDATE_AGENT_PODS
 from podsnap.operator.on_validate import VALIDATE_JOBS, VALIDATE_POLICIES, VALIDATE_SNAPSHOTS
-from tests.chart.conftest import NAMESPACE, Docs, find, render
+from tests.chart.conftest import NAMESPACE, Docs, container, env_of, find, render
 
 PLURALS = {"snapshotpolicies": VALIDATE_POLICIES, "snapshotjobs": VALIDATE_JOBS, "podsnapshots": VALIDATE_SNAPSHOTS}
 AGENT_HOOKS = {"pods": VALIDATE_AGENT_PODS, "podsnapshotcontents": VALIDATE_AGENT_CONTENTS}
@@ -97,6 +97,27 @@ def test_agent_node_label_hook_follows_placement(default_docs: Docs, helm: str) 
     assert not [h for h in hooks if h["rules"][0]["resources"] == ["nodes"]]
     agent_rules = find(off, "ClusterRole", "podsnap-agent")["rules"]
     assert not [r for r in agent_rules if "nodes" in r["resources"]]
+
+
+def test_placement_is_off_without_the_webhook(default_docs: Docs, helm: str) -> None:
+    """The webhook is what holds an agent to its own Node's placement labels, and what gives restore pods the
+    affinity: with it off, no agent may patch Nodes (it could relabel any Node unchecked) and neither component
+    is told placement is on, whatever placement.enabled says."""
+
+    def node_rules(docs: Docs) -> list[dict[str, object]]:
+        return [r for r in find(docs, "ClusterRole", "podsnap-agent")["rules"] if "nodes" in r["resources"]]
+
+    def placement_env(docs: Docs) -> tuple[str, str]:
+        agent = container(find(docs, "DaemonSet", "podsnap-agent"), "agent")
+        operator = container(find(docs, "Deployment", "podsnap-operator"), "operator")
+        return env_of(agent).get(ENV_PLACEMENT, "false"), env_of(operator).get(ENV_PLACEMENT, "false")
+
+    assert node_rules(default_docs) == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}]
+    assert placement_env(default_docs) == ("true", "true")
+    off = render(helm, "--set", "webhook.enabled=false", "--set", "placement.enabled=true")
+    assert not [d for d in off if d["kind"] == "ValidatingWebhookConfiguration"]
+    assert node_rules(off) == []
+    assert placement_env(off) == ("false", "false")
 
 
 def test_operator_may_ask_access_reviews_only_with_the_webhook(default_docs: Docs, matrix: dict[str, Docs]) -> None:

@@ -178,6 +178,16 @@ podsnap.image: registry/repository[:tag|@digest] of a component. Takes
 {{- end }}
 {{- end }}
 
+{{/*
+podsnap.placementActive: "true" when placement is on, else empty. Placement needs the webhook: the pod
+webhook gives restore pods their node affinity, and the validating webhook holds each agent to its own
+Node's placement labels. Without it the agents would get the right to patch any Node, unchecked, for
+labels nothing reads.
+*/}}
+{{- define "podsnap.placementActive" -}}
+{{- if and .Values.placement.enabled .Values.webhook.enabled }}true{{ end -}}
+{{- end }}
+
 {{/* The artifact claim the agent mounts: the existing claim, or the one the chart creates. */}}
 {{- define "podsnap.artifactClaimName" -}}
 {{- $pvc := .Values.storage.pvc }}
