@@ -25,6 +25,8 @@ from tests.chart.conftest import (
     find,
     kinds,
     parallel,
+    render,
+    render_error,
     run,
     scenario_file,
 )
@@ -303,6 +305,30 @@ def test_pvc_is_kept_and_sized(default_docs: Docs, matrix: dict[str, Docs]) -> N
         if "persistentVolumeClaim" in v
     ]
     assert claims == ["podsnap-shared-artifacts"]
+
+
+def test_agent_update_strategy_refuses_a_surge(helm: str) -> None:
+    """Two agents on one node at once: the new one's startup recovery would act on a capture the old one is
+    still dumping. A surge fails naming the key and the way out; no surge (0, 0%, unset) renders."""
+    surges = ["1", "25%", "1%"]
+    messages = parallel(
+        lambda v: render_error(helm, "--set-string" if v.endswith("%") else "--set", f"{KEY_SURGE}={v}"), surges
+    )
+    for value, message in zip(surges, messages, strict=True):
+        assert KEY_SURGE in message and "must be 0" in message, f"maxSurge={value}:\n{message}"
+        assert "agent.updateStrategy.rollingUpdate.maxUnavailable" in message, message
+    for args in (
+        [],
+        ["--set", f"{KEY_SURGE}=0"],
+        ["--set-string", f"{KEY_SURGE}=0%"],
+        # OnDelete has no rollingUpdate: the chart drops it, surge and all
+        ["--set", "agent.updateStrategy.type=OnDelete", "--set", f"{KEY_SURGE}=1"],
+    ):
+        strategy = find(render(helm, *args), "DaemonSet", "podsnap-agent")["spec"]["updateStrategy"]
+        assert strategy.get("rollingUpdate", {}).get("maxSurge", 0) in (0, "0%"), (args, strategy)
+
+
+KEY_SURGE = "agent.updateStrategy.rollingUpdate.maxSurge"
 
 
 def test_storage_class_dash_means_no_class(helm_template: Any) -> None:

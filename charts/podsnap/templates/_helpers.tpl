@@ -233,6 +233,14 @@ podsnap.validate fails on values that contradict each other (the schema checks e
 {{- if and .Values.webhook.certManager.enabled (not .Values.webhook.enabled) }}
 {{- fail "webhook.certManager.enabled needs webhook.enabled=true: there is no webhook to issue a certificate for" }}
 {{- end }}
+{{- $strategy := .Values.agent.updateStrategy | default dict }}
+{{- if eq ($strategy.type | default "RollingUpdate") "RollingUpdate" }}
+{{- $surge := (($strategy.rollingUpdate | default dict).maxSurge) | default 0 }}
+{{- /* a percentage is rounded up to whole pods, so any non-zero one surges */}}
+{{- if ne (atoi (toString $surge | trimSuffix "%")) 0 }}
+{{- fail (printf "agent.updateStrategy.rollingUpdate.maxSurge is %v, and it must be 0 (unset): a surge runs the new agent beside the old one on a node, and the new one's startup recovery would act on a capture the old one is still dumping (it gives the source its CUDA state back mid-dump); unset it and roll with agent.updateStrategy.rollingUpdate.maxUnavailable" $surge) }}
+{{- end }}
+{{- end }}
 {{- if ne (int .Values.operator.replicas) 1 }}
 {{- fail "operator.replicas must be 1: the operator runs kopf standalone, without peering" }}
 {{- end }}
