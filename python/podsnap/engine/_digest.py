@@ -2,7 +2,7 @@
 
 A restore hashes every byte of the bulk on its critical path (the fill checks each chunk as it writes
 it), so the hash's speed per core is restore time. BLAKE3 is a 256-bit cryptographic hash that runs
-~3-4x faster than SHA-256 per core (SIMD across its 1 KiB chunks; measured in bench/NOTES.md) and
+about 3x faster than SHA-256 per core here (SIMD across its 1 KiB chunks; bench/NOTES.md) and
 releases the GIL on large inputs like hashlib, so the same threads hash in parallel. New captures use
 it; a manifest that names no algorithm was written before it and is SHA-256, which stays readable.
 The manifest's own digest (what the operator records to trust an artifact) stays SHA-256: it is one
