@@ -5,7 +5,6 @@ agent on a real, tiny tmpfs volume, against the real API server; the executor is
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,23 +15,15 @@ from podsnap.agent import main as agent_main
 from tests.support.harness import KopfThread, cgroups_writable, condition
 from tests.support.operator_env import OTHER_NODE, Env, agent_kubeconfig, failed_with, podsnapshot, running_pod
 from tests.support.recording import RecordingExecutor
+from tests.support.small_fs import small_tmpfs
 
 pytestmark = pytest.mark.skipif(cgroups_writable() is not None, reason=str(cgroups_writable()))
 
 
 @pytest.fixture
 def tiny_volume(tmp_path: Path) -> Iterator[Path]:
-    volume = tmp_path / "tiny"
-    volume.mkdir()
-    got = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k", "tiny", str(volume)], check=False, capture_output=True, text=True
-    )
-    if got.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {got.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "tiny", "64k") as volume:
         yield volume
-    finally:
-        subprocess.run(["umount", "-l", str(volume)], check=False)
 
 
 def test_a_capture_without_room_on_the_volume_is_refused_and_the_source_keeps_running(
