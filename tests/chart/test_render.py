@@ -12,6 +12,7 @@ import kubernetes_validate
 import pytest
 
 from podsnap import contract
+from podsnap.operator.agent_absence import ABSENCE_CONFIGMAP
 from tests.chart.conftest import (
     CHART,
     FIGURES,
@@ -57,6 +58,7 @@ def test_every_scenario_renders_the_expected_objects(matrix: dict[str, Docs]) ->
         ["CustomResourceDefinition"] * 4
         + ["ClusterRole", "ClusterRoleBinding", "ServiceAccount"] * 2
         + ["ClusterRole"] * 2  # aggregated into view and edit
+        + ["Role", "RoleBinding"]  # the operator's one ConfigMap in its namespace (operator/agent_absence.py)
         + ["ConfigMap", "DaemonSet", "Deployment", "MutatingWebhookConfiguration", "PersistentVolumeClaim"]
         + ["Secret", "Secret", "Service", "Service", "Service", "ValidatingWebhookConfiguration"]
     )
@@ -345,7 +347,7 @@ def rules(doc: Doc) -> dict[tuple[str, str], set[str]]:
     return out
 
 
-def test_rbac_is_split_by_component_with_least_privilege(default_docs: Docs) -> None:
+def test_rbac_is_split_by_component_with_least_privilege(default_docs: Docs, matrix: dict[str, Docs]) -> None:
     op = rules(find(default_docs, "ClusterRole", "podsnap-operator"))
     agent = rules(find(default_docs, "ClusterRole", "podsnap-agent"))
     for plural in (p for p, *_ in contract.CRDS.values()):
@@ -372,8 +374,26 @@ def test_rbac_is_split_by_component_with_least_privilege(default_docs: Docs) -> 
     assert {"patch"} <= agent[("podsnap.io", "podsnapshotcontents/status")]
     assert agent[("podsnap.io", "podsnapshots")] == {"get"}
     assert agent[("", "pods")] == {"get", "list", "watch", "patch"} and agent[("", "pods/status")] == {"patch"}
-    # placement: the labels of its own Node (the webhook refuses any other Node, any other change)
+    # placement: the labels of its own Node (the webhook refuses any other Node, any other change); the
+    # operator removes those of a Node whose agent is gone (operator/stale_placement.py)
     assert agent[("", "nodes")] == {"patch"} and ("", "nodes/status") not in agent
+    assert op[("", "nodes")] == {"get", "list", "watch", "patch"} and ("", "nodes/status") not in op
+    off = rules(find(matrix["minimal"], "ClusterRole", "podsnap-operator"))
+    assert off[("", "nodes")] == {"get", "list", "watch"}, "no placement (no webhook): no Node patch"
+    # in its own namespace, one ConfigMap: since when each node has had no Ready agent (operator/agent_absence.py)
+    role = find(default_docs, "Role", "podsnap-operator")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": [ABSENCE_CONFIGMAP],
+            "verbs": ["get", "update"],
+        },
+    ]
+    binding = find(default_docs, "RoleBinding", "podsnap-operator")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "podsnap-operator"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "podsnap-operator", "namespace": NAMESPACE}]
     for verbs in list(op.values()) + list(agent.values()):
         assert "*" not in verbs and "escalate" not in verbs and "bind" not in verbs
     for name, sa in (("podsnap-operator", "podsnap-operator"), ("podsnap-agent", "podsnap-agent")):

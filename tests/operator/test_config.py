@@ -41,6 +41,7 @@ from tests.support.operator_env import (
     agent_kubeconfig,
     deployment,
     golden,
+    no_ready_agent,
     pod_template,
     policy,
     ready_policy,
@@ -429,7 +430,10 @@ def test_every_operator_variable_changes_what_the_operator_process_does(env: Env
             seen.add(c.ENV_TOKEN_KEY_DIR)
             # a content being deleted on a node without a Ready agent (no agent is Ready here) is released
             # after the chart's 2 s, not the default 10 minutes
-            with validating_served_by(env.cluster, f"https://127.0.0.1:{webhook}/hooks", cert_dir / "ca.crt"):
+            with (
+                validating_served_by(env.cluster, f"https://127.0.0.1:{webhook}/hooks", cert_dir / "ca.crt"),
+                no_ready_agent(env.cluster),
+            ):
                 orphan = content_body(
                     name="orphan", namespace=ns, uid="0" * 8, container="main",
                     pod={"metadata": {"name": "gone", "uid": "1" * 8}, "spec": {"nodeName": OTHER_NODE}},

@@ -17,16 +17,25 @@ import pytest
 from podsnap import contract as c
 from podsnap.agent.node_labels import label_node, labelling
 from podsnap.kube.placement_labels import label_value, node_labels
+from podsnap.operator import stale_placement
 from tests.support.harness import condition
 from tests.support.operator_env import (
+    ALLOCATABLE,
+    CLEANUP_HANDOVER_S,
     NODE,
     OTHER_NODE,
+    READY_CONDITION,
     Env,
+    age_s,
+    agent_pod,
     deployment,
     golden,
     pod_template,
     policy,
     ready_policy,
+    recorded_absence,
+    remove_agent_pod,
+    set_agent_ready,
     shaped,
 )
 from tests.support.recording import SOURCE
@@ -270,3 +279,50 @@ def test_skip_compat_check_places_nothing(env: Env, ns: str, tmp_path: Path) -> 
     """The policy skips the gates, so it skips placing by them: the pod is shaped, without podsnap's terms."""
     pod = policy_pod(env, ns, tmp_path / "ctl", facts={"kernel": "6.9.0-elsewhere"}, skipCompatCheck=True)
     assert shaped(pod) and not any(ours(t) for t in required_terms(pod))
+
+
+def test_the_placement_labels_of_a_node_whose_agent_was_removed_go_after_the_wait(
+    env: Env, ns: str, tmp_path: Path
+) -> None:
+    """A node whose agent is taken off it (the DaemonSet's nodeSelector changed) keeps no placement labels: after
+    cleanup.handoverAfterSeconds without an agent the operator removes them (operator/stale_placement.py), so the
+    webhook sends no restore pod there; a node whose agent pod exists, even not Ready, keeps them."""
+    node = "node-c"
+    facts = {**SOURCE, "kernel": "6.9.0-node-c"}  # a kernel only node-c has
+    env.cluster.kube.core.create_node(
+        {"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node, **expected_labels(facts)}}}
+    )
+    try:
+        env.cluster.kube.core.patch_node_status(
+            node, {"status": {"conditions": [READY_CONDITION], "capacity": ALLOCATABLE, "allocatable": ALLOCATABLE}}
+        )
+        env.cluster.kube.core.patch_node(node, {"spec": {"taints": None}})
+        agent_pod(env.cluster, node)
+        set_agent_ready(env.cluster, node, False)  # crash-looping, say: it relabels its node whenever it runs
+        since = wait_for(lambda: recorded_absence(env, node), what="node-c's absence recorded")
+        # the operator sweeps every CLEANUP_HANDOVER_S here: two sweeps past the wait, at least one saw it due
+        wait_for(lambda: age_s(since) > 3 * CLEANUP_HANDOVER_S, what="the wait and two sweeps past")
+        assert placement_labels(env, node) == expected_labels(facts), "an agent pod is there: the labels stay"
+
+        remove_agent_pod(env, node)
+        wait_for(lambda: placement_labels(env, node) == {}, what="node-c's placement labels removed", timeout=30)
+        assert node_labels_of(env, node) == {"kubernetes.io/hostname": node}, "and nothing else of the Node"
+        assert placement_labels(env, NODE) == expected_labels(SOURCE), "node-a runs its agent: untouched"
+        [event] = wait_for(
+            lambda: [
+                e
+                for e in env.cluster.kube.core.list_namespaced_event(
+                    "default", field_selector=f"involvedObject.name={node}"
+                ).items
+                if e.reason == stale_placement.REASON_PLACEMENT_LABELS_REMOVED
+            ],
+            what="a PlacementLabelsRemoved Event on node-c",
+        )
+        assert event.involved_object.kind == "Node" and "no podsnap agent" in event.message, event.message
+
+        # a restore pod whose checkpoint only node-c could take is not sent there: no Ready node has its facts
+        pod = policy_pod(env, ns, tmp_path / "ctl", facts={"kernel": "6.9.0-node-c"})
+        assert not shaped(pod) and pod["metadata"]["labels"][c.LABEL_PLACEMENT] == c.REASON_NO_COMPATIBLE_NODE
+    finally:
+        remove_agent_pod(env, node)
+        env.cluster.kube.core.delete_node(node)

@@ -12,7 +12,16 @@ from kubernetes import watch
 
 from podsnap import contract as c
 from tests.support.harness import cond_is, condition
-from tests.support.operator_env import NODE, OTHER_NODE, Env, failed_with, get_snap, podsnapshot, running_pod
+from tests.support.operator_env import (
+    NODE,
+    OTHER_NODE,
+    Env,
+    failed_with,
+    get_snap,
+    no_ready_agent,
+    podsnapshot,
+    running_pod,
+)
 from tests.support.waiting import wait_for
 
 
@@ -118,8 +127,9 @@ def test_orphaned_content_of_a_vanished_node_is_finalized_by_the_operator(env: E
     name = c.content_name(snap["metadata"]["uid"])
     wait_for(lambda: env.cluster.get(c.PLURAL_POD_SNAPSHOT_CONTENTS, name), what="content")
     env.cluster.kube.core.delete_node(node)
-    env.cluster.kube.custom.delete_namespaced_custom_object(c.GROUP, c.VERSION, ns, c.PLURAL_POD_SNAPSHOTS, "s")
-    wait_for(lambda: env.cluster.get(c.PLURAL_POD_SNAPSHOT_CONTENTS, name) is None, what="content finalized")
+    with no_ready_agent(env.cluster):  # no agent could remove the artifact instead
+        env.cluster.kube.custom.delete_namespaced_custom_object(c.GROUP, c.VERSION, ns, c.PLURAL_POD_SNAPSHOTS, "s")
+        wait_for(lambda: env.cluster.get(c.PLURAL_POD_SNAPSHOT_CONTENTS, name) is None, what="content finalized")
     wait_for(lambda: get_snap(env, ns, "s") is None, what="snapshot gone")
     # the operator never touches the artifact volume: it says where the artifact was left
     left = wait_for(

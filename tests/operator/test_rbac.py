@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from podsnap.operator.agent_absence import ABSENCE_CONFIGMAP
 from tests.support.harness import RELEASE_NS
 from tests.support.operator_env import Env
 
@@ -54,11 +55,15 @@ MATRIX = [
     ("patch", "replicasets.apps", False, False),
     ("get", "nodes", True, False),
     ("delete", "nodes", False, False),
-    ("patch", "nodes", False, True),  # agent: the placement labels of its own Node (webhook-enforced)
+    # agent: the placement labels of its own Node (webhook-enforced); operator: removing those of a Node whose
+    # agent is gone (operator/stale_placement.py)
+    ("patch", "nodes", True, True),
     ("update", "nodes", False, False),
     ("create", "events", True, True),
     ("create", "subjectaccessreviews.authorization.k8s.io", True, False),
     ("create", "tokenreviews.authentication.k8s.io", False, False),
+    ("get", "configmaps", False, False),  # cluster-wide: no; the operator's one ConfigMap: test below
+    ("list", "configmaps", False, False),
     ("get", "secrets", False, False),
     ("list", "secrets", False, False),
     ("create", "clusterrolebindings.rbac.authorization.k8s.io", False, False),
@@ -132,3 +137,26 @@ def test_components_are_logged_in_as_their_service_accounts(env: Env) -> None:
 
         assert can(verb, allowed) == "yes"
         assert can("get", "secrets") == "no"
+
+
+@pytest.mark.parametrize(
+    ("verb", "what", "namespace", "needed"),
+    [
+        ("get", f"configmaps/{ABSENCE_CONFIGMAP}", RELEASE_NS, True),
+        ("update", f"configmaps/{ABSENCE_CONFIGMAP}", RELEASE_NS, True),
+        ("create", "configmaps", RELEASE_NS, True),
+        ("get", "configmaps/other", RELEASE_NS, False),
+        ("update", "configmaps/other", RELEASE_NS, False),
+        ("delete", f"configmaps/{ABSENCE_CONFIGMAP}", RELEASE_NS, False),
+        ("list", "configmaps", RELEASE_NS, False),
+        ("get", f"configmaps/{ABSENCE_CONFIGMAP}", "default", False),
+        ("create", "configmaps", "default", False),
+    ],
+)
+def test_the_operator_keeps_one_configmap_of_its_own_namespace(
+    env: Env, verb: str, what: str, namespace: str, needed: bool
+) -> None:
+    """Its record of absent agents (operator/agent_absence.py), and no other ConfigMap anywhere."""
+    got = env.cluster.kubectl("auth", "can-i", verb, what, "-n", namespace, f"--as={OPERATOR}", check=False)
+    answer = got.stdout.strip() or got.stderr.strip()
+    assert answer == ("yes" if needed else "no"), f"podsnap-operator can-i {verb} {what} -n {namespace}: {answer}"

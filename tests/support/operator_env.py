@@ -5,20 +5,26 @@ the tests (tests/support/harness.py), and the objects and steps the operator tes
 from __future__ import annotations
 
 import base64
+import contextlib
+import datetime
 import secrets
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes.client.exceptions import ApiException
 
 from podsnap import contract as c
 from podsnap.agent import main as agent_main
 from podsnap.agent.config import AgentConfig
 from podsnap.agent.runtime import AgentContext
 from podsnap.kube.client import Credentials, Kube, get_or_none
+from podsnap.kube.conditions import now_rfc3339, parse_time
 from podsnap.kube.tokens import CAPTURE, KEY_FILE, RESTORE, Claims
 from podsnap.operator import main as operator_main
+from podsnap.operator.agent_absence import ABSENCE_CONFIGMAP
 from podsnap.operator.config import OperatorConfig
 from podsnap.operator.on_agent_requests import AGENT_LABELS
 from podsnap.operator.runtime import OperatorContext
@@ -118,6 +124,8 @@ def start_env(cp: ControlPlane, tmp: Path) -> Env:
     )
     legacy_kc = cp.token_kubeconfig(cp.service_account_token(RELEASE_NS, AGENT_SA), tmp / "legacy.kubeconfig", "agent")
     agent_kc = agent_kubeconfig(cluster, NODE, legacy_kc, tmp / "agent.kubeconfig")
+    # node-a's agent runs (in a thread), so its kubelet reports its pod Ready; node-b runs none
+    set_agent_ready(cluster, NODE, True)
 
     # webhook TLS for 127.0.0.1 (the chart's own certificate names the Service, which has no endpoint here)
     import trustme
@@ -180,16 +188,25 @@ def start_env(cp: ControlPlane, tmp: Path) -> Env:
 
 
 def set_agent_ready(cluster: Cluster, node: str, ready: bool) -> None:
-    """Play the kubelet of the agent pod of `node` (agent_kubeconfig made it): its Ready condition."""
-    cond = {"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": "2026-12-01T00:00:00Z"}
+    """Play the kubelet of the agent pod of `node` (agent_pod made it): its Ready condition, changed now (the
+    operator counts an agent's absence from this lastTransitionTime, operator/agent_absence.py)."""
+    cond = {"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": now_rfc3339()}
     status = {"phase": "Running", "conditions": [cond]}
     cluster.kube.core.patch_namespaced_pod_status(f"{AGENT_SA}-{node}", RELEASE_NS, {"status": status})
 
 
-def agent_kubeconfig(cluster: Cluster, node: str, template: Path, path: Path) -> Path:
-    """The agent's credentials as the chart gives them: a token bound to an agent pod on `node` (the API
-    server names that pod in each request; the operator's webhook takes the agent's node from it).
-    `template` is any kubeconfig of this control plane; its token is replaced."""
+@contextlib.contextmanager
+def no_ready_agent(cluster: Cluster) -> Iterator[None]:
+    """Node-a's agent pod reports not Ready meanwhile (its agent still runs): no node has a Ready agent."""
+    set_agent_ready(cluster, NODE, False)
+    try:
+        yield
+    finally:
+        set_agent_ready(cluster, NODE, True)
+
+
+def agent_pod(cluster: Cluster, node: str) -> Any:
+    """The agent pod of `node` as the DaemonSet makes it (the kubelet's part, its status, is set_agent_ready's)."""
     name = f"{AGENT_SA}-{node}"
     pod = get_or_none(cluster.kube.core.read_namespaced_pod, name, RELEASE_NS)
     if pod is None:
@@ -203,6 +220,35 @@ def agent_kubeconfig(cluster: Cluster, node: str, template: Path, path: Path) ->
             },
         }
         pod = cluster.kube.core.create_namespaced_pod(RELEASE_NS, body)
+    return pod
+
+
+def remove_agent_pod(env: Env, node: str) -> None:
+    """The DaemonSet takes its agent off `node` (say, its nodeSelector changed): the pod goes."""
+    with contextlib.suppress(ApiException):
+        env.cluster.kube.core.delete_namespaced_pod(f"{AGENT_SA}-{node}", RELEASE_NS, grace_period_seconds=0)
+    wait_for(lambda: get_or_none(env.cluster.kube.core.read_namespaced_pod, f"{AGENT_SA}-{node}", RELEASE_NS) is None,
+             what=f"the agent pod of {node} gone")  # fmt: skip
+
+
+def recorded_absence(env: Env, node: str) -> datetime.datetime | None:
+    """Since when the operator has recorded `node` without a Ready agent (operator/agent_absence.py)."""
+    cm = get_or_none(env.cluster.kube.core.read_namespaced_config_map, ABSENCE_CONFIGMAP, RELEASE_NS)
+    return parse_time(((cm and cm.data) or {}).get(node))
+
+
+def age_s(when: datetime.datetime | str | None) -> float:
+    moment = parse_time(when) if isinstance(when, str) or when is None else when
+    assert moment is not None
+    return (datetime.datetime.now(datetime.UTC) - moment).total_seconds()
+
+
+def agent_kubeconfig(cluster: Cluster, node: str, template: Path, path: Path) -> Path:
+    """The agent's credentials as the chart gives them: a token bound to an agent pod on `node` (the API
+    server names that pod in each request; the operator's webhook takes the agent's node from it).
+    `template` is any kubeconfig of this control plane; its token is replaced."""
+    name = f"{AGENT_SA}-{node}"
+    pod = agent_pod(cluster, node)
     bound = {"kind": "Pod", "apiVersion": "v1", "name": name, "uid": pod.metadata.uid}
     request = {"spec": {"audiences": [], "expirationSeconds": 86400, "boundObjectRef": bound}}
     token = cluster.kube.core.create_namespaced_service_account_token(AGENT_SA, RELEASE_NS, request).status.token

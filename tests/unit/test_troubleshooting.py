@@ -8,7 +8,7 @@ from pathlib import Path
 
 from podsnap import contract
 from podsnap.cli import status_doc
-from podsnap.operator import on_spec_change, orphans
+from podsnap.operator import on_spec_change, orphans, stale_placement
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md"
 
@@ -16,6 +16,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md"
 def reasons() -> set[str]:
     found = {v for k, v in vars(contract).items() if k.startswith("REASON_") and isinstance(v, str)}
     found |= {on_spec_change.REASON_SPEC_IMMUTABLE, orphans.REASON_ARTIFACT_LEFT, orphans.REASON_HANDED_OVER}
+    found |= {stale_placement.REASON_PLACEMENT_LABELS_REMOVED}
     found |= {status_doc.COLD_NO_POLICY, status_doc.COLD_CHECKPOINT_NOT_READY, status_doc.COLD_NOT_SHAPED}
     found |= {status_doc.WAITING_FOR_AGENT, status_doc.HELD_WAIT}
     return found

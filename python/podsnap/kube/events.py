@@ -14,7 +14,7 @@ from typing import Any, cast
 
 import kopf
 
-from podsnap.kube.conditions import short
+from podsnap.kube.conditions import now_rfc3339, short
 
 log = logging.getLogger(__name__)
 
@@ -31,3 +31,31 @@ def event(obj: Mapping[str, Any], *, type_: str, reason: str, message: str, publ
         kopf.event(cast(kopf.Body, dict(obj)), type=type_, reason=reason, message=short(message, EVENT_MESSAGE_MAX))
     except Exception:  # an Event is best-effort by nature
         log.exception("could not post event %s on %s", reason, (obj.get("metadata") or {}).get("name"))
+
+
+def cluster_event(core: Any, obj: Mapping[str, Any], *, type_: str, reason: str, message: str) -> None:
+    """An Event on cluster-scoped `obj` (a body with apiVersion/kind/metadata), in `default`, so `message` must
+    name no namespace; posted through the API (`core`: a CoreV1Api), for loops that run outside kopf's
+    handlers, where kopf.event has no queue. Never fails the caller."""
+    meta = obj.get("metadata") or {}
+    now = now_rfc3339()
+    ev = {
+        "metadata": {"generateName": f"{meta.get('name')}.", "namespace": "default"},
+        "involvedObject": {
+            "apiVersion": obj.get("apiVersion"),
+            "kind": obj.get("kind"),
+            "name": meta.get("name"),
+            "uid": meta.get("uid"),
+        },
+        "type": type_,
+        "reason": reason,
+        "message": short(message, EVENT_MESSAGE_MAX),
+        "source": {"component": "podsnap-operator"},
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+    try:
+        core.create_namespaced_event("default", ev)
+    except Exception as exc:  # an Event is best-effort by nature
+        log.warning("could not post event %s on %s: %s", reason, meta.get("name"), exc)

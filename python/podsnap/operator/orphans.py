@@ -1,6 +1,9 @@
 """Artifacts whose node's agent cannot remove them: a PodSnapshotContent being deleted whose node is gone,
-or whose node has had no running agent for `cleanup.handoverAfterSeconds`, is handed to the agent of
-another node, which removes the artifact and then the content's finalizer.
+or whose node has had no Ready agent for `cleanup.handoverAfterSeconds`, is handed to the agent of
+another node, which removes the artifact and then the content's finalizer. That wait counts from when the
+node last had a Ready agent (agent_absence.py), not from the content's deletion: a content deleted long
+after its agent went is handed over at once, one deleted just before an agent's blip is not handed over
+during the blip, and nothing is handed over while the node has a Ready agent.
 
 The handover is a relabel: the operator sets the content's node label (what each agent's watch selects
 on) to a node with a Ready agent. Why this and not an orphan sweep in every agent:
@@ -14,8 +17,13 @@ on) to a node with a Ready agent. Why this and not an orphan sweep in every agen
 Where no agent runs anywhere for that long, the content is released and the Event names the path left
 (ArtifactLeftBehind), so that a deletion never hangs forever.
 
+The relabel carries the resourceVersion the decision was made on: if anything changed the content since
+(its own agent came back and acted, a second operator handed it over), the API server refuses it with a
+409 and nothing is done twice; that change's own event, or the next sweep, decides again on the new state.
+
 Checked on each content event and every SWEEP_S by a loop the operator starts (a wait that ends fires no
-event; timers would put the operator's finalizer on the contents).
+event; timers would put the operator's finalizer on the contents). The same loop keeps the record of
+absent agents (agent_absence.py) and removes stale placement labels (stale_placement.py).
 """
 
 from __future__ import annotations
@@ -34,9 +42,8 @@ from kubernetes.client.exceptions import ApiException
 
 from podsnap import contract as c
 from podsnap.kube.client import get_or_none
-from podsnap.kube.conditions import now_rfc3339, parse_time, short
-from podsnap.kube.events import EVENT_MESSAGE_MAX
-from podsnap.operator.on_agent_requests import AGENT_LABELS, own_namespace
+from podsnap.kube.events import cluster_event
+from podsnap.operator import agent_absence, stale_placement
 from podsnap.operator.runtime import OperatorContext, ctx_of, registry
 
 log = logging.getLogger(__name__)
@@ -65,55 +72,51 @@ def pick(name: str, nodes: Sequence[str]) -> str:
 
 
 def decide(
-    *, name: str, node: str, node_exists: bool, agent_on_node: bool, live: Sequence[str], waited_s: float, wait_s: float
+    *, name: str, node: str, node_exists: bool, agent_on_node: bool, live: Sequence[str], absent_s: float, wait_s: float
 ) -> Decision:
-    """What to do with content `name` of `node`, being deleted for `waited_s`; `live`: nodes with a Ready agent."""
-    if node_exists and agent_on_node:
+    """What to do with content `name` of `node`, being deleted, whose node has had no Ready agent for
+    `absent_s` (0 while it has one); `live`: nodes with a Ready agent."""
+    if agent_on_node:  # never while the node has a Ready agent, even one whose Node object is gone
         return Decision()
-    gone = f"node {node} is gone" if not node_exists else f"node {node} has had no running agent for {waited_s:.0f} s"
+    gone = f"node {node} is gone" if not node_exists else f"node {node} has had no running agent for {absent_s:.0f} s"
     others = [n for n in live if n != node]
-    if others and (not node_exists or waited_s >= wait_s):
+    if others and (not node_exists or absent_s >= wait_s):
         return Decision(to=pick(name, others), why=gone)
-    if waited_s >= wait_s:
+    if absent_s >= wait_s:
         return Decision(release=True, why=f"{gone}, and no node has a running agent")
     return Decision()
 
 
-def live_agent_nodes(ctx: OperatorContext) -> list[str]:
-    """Nodes with a Ready podsnap agent (the release's agent pods, in the operator's namespace)."""
-    namespace = own_namespace(ctx)
-    if namespace is None:
-        return []
-    selector = ",".join(f"{k}={v}" for k, v in sorted(AGENT_LABELS.items()))
-    pods = ctx.kube.core.list_namespaced_pod(namespace, label_selector=selector).items
-    nodes = set()
-    for pod in pods:
-        ready = any(
-            cond.type == "Ready" and cond.status == "True" for cond in (pod.status and pod.status.conditions) or []
-        )
-        if ready and pod.spec.node_name and pod.metadata.deletion_timestamp is None:
-            nodes.add(str(pod.spec.node_name))
-    return sorted(nodes)
+def node_of(content: Mapping[str, Any]) -> str:
+    meta = content.get("metadata") or {}
+    return str(
+        (meta.get("labels") or {}).get(c.LABEL_SNAPSHOT_NODE) or (content.get("spec") or {}).get("nodeName") or ""
+    )
 
 
-def collect(ctx: OperatorContext, body: Mapping[str, Any], logger: Any) -> Decision | None:
-    """Hand over (or release) content `body` if it is being deleted and its node's agent cannot finish it."""
+def collect(
+    ctx: OperatorContext,
+    body: Mapping[str, Any],
+    logger: Any,
+    seen: tuple[agent_absence.Agents, Mapping[str, datetime.datetime]] | None = None,
+) -> Decision | None:
+    """Hand over (or release) content `body` if it is being deleted and its node's agent cannot finish it.
+    `seen`: the agent pods and recorded absences, when the caller (the sweep) has them already."""
     meta = body.get("metadata") or {}
     if not meta.get("deletionTimestamp") or c.FINALIZER_CONTENT_ARTIFACT not in (meta.get("finalizers") or []):
         return None
-    node = str((meta.get("labels") or {}).get(c.LABEL_SNAPSHOT_NODE) or (body.get("spec") or {}).get("nodeName") or "")
+    node = node_of(body)
     node_exists = bool(node) and get_or_none(ctx.kube.core.read_node, node) is not None
-    live = live_agent_nodes(ctx)
-    since = parse_time(meta.get("deletionTimestamp"))
+    agents, recorded = seen if seen is not None else (agent_absence.observe(ctx), agent_absence.read(ctx)[0])
     now = datetime.datetime.now(datetime.UTC)
-    waited = (now - since).total_seconds() if since is not None else 0.0
+    absent_s = (now - agent_absence.since(node, agents, recorded, now)).total_seconds()
     decision = decide(
         name=str(meta.get("name")),
         node=node,
         node_exists=node_exists,
-        agent_on_node=node in live,
-        live=live,
-        waited_s=waited,
+        agent_on_node=node in agents.ready,
+        live=sorted(agents.ready),
+        absent_s=absent_s,
         wait_s=ctx.config.cleanup_handover_s,
     )
     if decision.to is not None:
@@ -124,14 +127,25 @@ def collect(ctx: OperatorContext, body: Mapping[str, Any], logger: Any) -> Decis
 
 
 def hand_over(ctx: OperatorContext, body: Mapping[str, Any], node: str, decision: Decision, logger: Any) -> None:
+    """Relabel content `body` to `decision.to`, only if it is still as `body` shows it (its resourceVersion):
+    raises kopf.TemporaryError when it changed in between, and nothing is handed over."""
     name = body["metadata"]["name"]
     patch = {
         "metadata": {
+            "resourceVersion": body["metadata"]["resourceVersion"],
             "labels": {c.LABEL_SNAPSHOT_NODE: decision.to},
             "annotations": {c.ANNOTATION_HANDED_OVER_FROM: node},
         }
     }
-    ctx.kube.custom.patch_cluster_custom_object(c.GROUP, c.VERSION, c.PLURAL_POD_SNAPSHOT_CONTENTS, name, patch)
+    try:
+        ctx.kube.custom.patch_cluster_custom_object(c.GROUP, c.VERSION, c.PLURAL_POD_SNAPSHOT_CONTENTS, name, patch)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        # its agent or another operator changed it since this decision: decide again on what it is now
+        raise kopf.TemporaryError(
+            f"{name} changed while being handed over to node {decision.to}; deciding again", delay=1
+        ) from exc
     message = f"{decision.why}: the agent of node {decision.to} removes this content's artifact"
     post_event(ctx, body, "Normal", REASON_HANDED_OVER, message)
     logger.warning("%s: %s", name, message)
@@ -179,40 +193,34 @@ def remove_finalizer(ctx: OperatorContext, name: str, finalizer: str) -> None:
 
 
 def post_event(ctx: OperatorContext, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-    """An Event on content `body` (cluster-scoped: in `default`, so `message` must name no namespace), posted
-    through the API: the sweep runs outside kopf's handlers, where kopf.event has no queue."""
-    meta = body.get("metadata") or {}
-    now = now_rfc3339()
-    ev = {
-        "metadata": {"generateName": f"{meta.get('name')}.", "namespace": "default"},
-        "involvedObject": {
-            "apiVersion": c.API_VERSION,
-            "kind": c.KIND_POD_SNAPSHOT_CONTENT,
-            "name": meta.get("name"),
-            "uid": meta.get("uid"),
-        },
-        "type": type_,
-        "reason": reason,
-        "message": short(message, EVENT_MESSAGE_MAX),
-        "source": {"component": "podsnap-operator"},
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "count": 1,
-    }
-    try:
-        ctx.kube.core.create_namespaced_event("default", ev)
-    except Exception as exc:  # an Event is best-effort by nature
-        log.warning("could not post event %s on %s: %s", reason, meta.get("name"), exc)
+    """An Event on content `body` (cluster-scoped: in `default`, so `message` must name no namespace)."""
+    content = {"apiVersion": c.API_VERSION, "kind": c.KIND_POD_SNAPSHOT_CONTENT, **body}
+    cluster_event(ctx.kube.core, content, type_=type_, reason=reason, message=message)
 
 
 def sweep(ctx: OperatorContext, logger: Any) -> None:
     found = ctx.kube.custom.list_cluster_custom_object(c.GROUP, c.VERSION, c.PLURAL_POD_SNAPSHOT_CONTENTS)
-    for content in found.get("items") or []:
+    contents = found.get("items") or []
+    agents = agent_absence.observe(ctx)
+    labelled = stale_placement.labelled_nodes(ctx) if ctx.config.placement else []
+    # the nodes whose absence matters: those holding contents (a deletion may come), those with placement labels
+    # (stale_placement.py), those with an agent pod (it may be not Ready)
+    watched = (
+        {node_of(content) for content in contents} | agents.present | {stale_placement.name_of(n) for n in labelled}
+    )
+    now = datetime.datetime.now(datetime.UTC)
+    absent = agent_absence.track(ctx, agents, watched - {""}, now)
+    for content in contents:
         if (content.get("metadata") or {}).get("deletionTimestamp"):
             try:
-                collect(ctx, content, logger)
+                collect(ctx, content, logger, (agents, absent))
             except Exception as exc:  # one content's API error must not end the loop
                 logger.warning("could not check %s for a handover: %s", content["metadata"].get("name"), exc)
+    for node in stale_placement.stale(labelled, agents, absent, now, ctx.config.cleanup_handover_s):
+        try:
+            stale_placement.remove_labels(ctx, node, logger)
+        except Exception as exc:  # likewise for one node
+            logger.warning("could not remove the placement labels of node %s: %s", stale_placement.name_of(node), exc)
 
 
 async def sweep_loop(ctx: OperatorContext, logger: Any, interval_s: float = SWEEP_S) -> None:
