@@ -98,6 +98,7 @@ class EngineExecutor:
         pod = request.pod
         options = engine.CaptureOptions(
             namespace_pid=request.root_pid,
+            namespace_start=engine.process_start_time(request.root_pid),  # refused if the PID is reused by then
             criu=engine.CriuOptions(tcp="close"),
             log_dir=self.log_dir,
             journal=self._journal(request),
@@ -133,6 +134,7 @@ class EngineExecutor:
             # the manifest is trusted only as recorded at capture: the engine checks the bytes it then parses
             options = engine.RestoreOptions(
                 namespace_pid=request.placeholder_root_pid,
+                namespace_start=engine.process_start_time(request.placeholder_root_pid),
                 cgroup_root=self.cgroup_root,
                 skip_compat=request.skip_compat,
                 memory_limit_bytes=request.memory_limit_bytes,

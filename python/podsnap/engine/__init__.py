@@ -63,9 +63,12 @@ files (a rootfs diff, weight shards for a fast path) that are digested and verif
 `RestoreOptions.before_restore(artifact, manifest)` runs after verification and gates, before CRIU
 (e.g. apply the rootfs diff inside the placeholder).
 
-Namespace mode (pods): CRIU runs via `nsenter -t namespace_pid -m -u -i -n -p`, and must be statically
-linked (refused otherwise: the container's loader and libc would run it); its binary, the images and
-the work dir reach it only as inherited O_PATH fds (`/proc/self/fd/N`), never mounted where the
+Namespace mode (pods): CRIU runs inside namespace_pid's IPC, UTS, network, PID and mount namespaces,
+entered through descriptors checked first (refused unless that process is in the host's user namespace,
+those namespaces are the host's to control and its /proc is genuine; `namespace_start`, from
+`process_start_time(pid)`, refuses a reused PID), and must be statically linked (refused otherwise: the
+container's loader and libc would run it). It is exec'd through an O_PATH fd of its binary; the images
+and the work dir reach it only as inherited O_PATH fds (`/proc/self/fd/N`), never mounted where the
 workload could see them. `pid` stays a host PID; the captured root must not
 be PID 1 of its PID namespace (refused at capture: that PID is never free in a destination). The
 restore joins namespace_pid's cgroups; the tree comes back with the same namespace PIDs (which must be
@@ -82,7 +85,7 @@ Also here: `read_manifest(dir)`, `verify(dir, manifest)` (every digest, bulk fil
 `manifest_digest(dir)` for the agent's status and GC,
 `check_compat(manifest, host_facts())` to report every failing gate, `remove_artifact(dir)`,
 `gpu_facts()` for diagnostics, and the process helpers the CLI and demo need around a round trip:
-`pid_exists(pid)`, `wait_gone(pid)`, `kill_tree(pids)`.
+`pid_exists(pid)`, `process_start_time(pid)`, `wait_gone(pid)`, `kill_tree(pids)`.
 
 Layout: this facade re-exports from private modules (`_capture`, `_restore`, `_criu_*`, `_proctree`,
 `_artifact`, `_manifest`, ...); code outside the engine imports only from here.
@@ -103,6 +106,7 @@ from podsnap.engine._host import HostFacts, host_facts
 from podsnap.engine._journal import Recovery as CaptureRecovery
 from podsnap.engine._journal import read as read_capture_journal
 from podsnap.engine._journal import recover as recover_capture
+from podsnap.engine._journal import start_time as process_start_time
 from podsnap.engine._manifest import MANIFEST_NAME, SCHEMA_VERSION, FileEntry, Manifest
 from podsnap.engine._nvml import GpuFacts, GpuInfo, gpu_facts
 from podsnap.engine._options import (
@@ -165,6 +169,7 @@ __all__ = [
     "kill_tree",
     "manifest_digest",
     "pid_exists",
+    "process_start_time",
     "read_capture_journal",
     "read_manifest",
     "recover_capture",

@@ -25,6 +25,7 @@ from podsnap.engine import _artifact as art
 from podsnap.engine import _bulk as bulk
 from podsnap.engine import _criu_runner as runner_mod
 from podsnap.engine import _journal as journal_mod
+from podsnap.engine import _nsenter as nsenter
 from podsnap.engine import _proctree as proctree
 from podsnap.engine._criu_binary import find_binary
 from podsnap.engine._criu_images import ImageError
@@ -78,6 +79,10 @@ def _inspect(pid: int, opts: CaptureOptions, cuda: CudaCheckpointer | None, criu
         raise _refuse(f"options.extra must be JSON-serializable: {exc}") from exc
     criu_pid, stdio = pid, {}
     if opts.namespace_pid is not None:
+        try:
+            nsenter.check(opts.namespace_pid, opts.namespace_start, tree=[p.pid for p in tree])
+        except nsenter.Refused as exc:
+            raise _refuse(f"refused namespace_pid {opts.namespace_pid}: {exc}") from exc
         if proctree.pid_ns(pid) != proctree.pid_ns(opts.namespace_pid):
             raise _refuse(f"pid {pid} is not in the PID namespace of namespace_pid {opts.namespace_pid}")
         if tree[0].ns_pid == 1:
@@ -156,6 +161,7 @@ def _dump(
             work,
             opts.criu,
             namespace_pid=opts.namespace_pid,
+            namespace_start=opts.namespace_start,
             leave_running=opts.leave_running,
             net_ns_inode=net_inode,
             monitor=monitor,

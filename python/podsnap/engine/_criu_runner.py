@@ -1,16 +1,19 @@
 """Running CRIU (>= 4): a config file per run, on the host or inside a target's namespaces, and its log.
 
-Namespace mode (`namespace_pid`): CRIU runs as `nsenter -t PID -m -u -i -n -p -- CRIU ...`, so it
-sees the target's mounts, PID namespace and network exactly as the workload does: the dump needs no
-external mounts, and a restore lands in the destination's PID namespace (re-parented to its PID 1)
-with the same namespace PIDs. It runs there as root with every capability, among files the workload
-controls, so it must load and run nothing of theirs: only a statically linked CRIU is accepted (no
-ELF interpreter, no libraries; `make setup` builds one that also never executes a program or loads a
-plugin, see hack/build-criu.sh), with an environment of PATH alone. CRIU's binary, the images and the
-work dir are NOT made visible in the target's mount namespace: the binary file and the two dirs are
-opened here as O_PATH descriptors that the nsenter child inherits, and CRIU is pointed at
-`/proc/self/fd/N`. No other descriptor of this process's filesystem crosses, and nothing is mounted,
-so the workload can never see them. (Running a dynamic CRIU through this host's loader,
+Namespace mode (`namespace_pid`): CRIU runs inside the target's IPC, UTS, network, PID and mount
+namespaces (like `nsenter -t PID -i -u -n -p -m`, see _nsenter), so it sees the target's mounts, PID
+namespace and network exactly as the workload does: the dump needs no external mounts, and a restore
+lands in the destination's PID namespace (re-parented to its PID 1) with the same namespace PIDs. It runs
+there as root with every capability, among files the workload controls, so it must load and run nothing
+of theirs: only a statically linked CRIU is accepted (no ELF interpreter, no libraries; `make setup`
+builds one that also never executes a program or loads a plugin, see hack/build-criu.sh), with an
+environment of PATH alone. The target is checked first and refused when its namespaces are not the
+host's to control (_nsenter: a workload in a user namespace of its own can fake /proc). CRIU's binary,
+the images and the work dir are NOT made visible in the target's mount namespace: they are opened here
+as O_PATH descriptors; CRIU is exec'd through the binary's (no path of it is resolved in the container)
+and pointed at the dirs as `/proc/self/fd/N`, resolved through the container's /proc, which the checks
+keep genuine. No other descriptor of this process's filesystem crosses, and nothing is mounted, so the
+workload can never see them. (Running a dynamic CRIU through this host's loader,
 `ld.so --library-path ... criu`, was tried and fails at restore: /proc/self/exe is then ld.so, which
 the restored process maps too, and the restorer's PR_SET_MM_MAP gets EBUSY.)
 
@@ -22,6 +25,7 @@ error line, where the full log is); the log's tail travels in `CriuError.log_tai
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -32,6 +36,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from podsnap.engine import _nsenter as nsenter
 from podsnap.engine import _proctree as proctree
 from podsnap.engine._criu_binary import CriuBinary, find_binary, read_version
 from podsnap.engine._criu_config import CriuOptions, config_text
@@ -95,30 +100,39 @@ class _View:
     exe: str
     images: str
     work: str
-    prefix: tuple[str, ...] = ()
     fds: tuple[int, ...] = ()
+    #: namespace mode: the O_PATH fd CRIU is exec'd through, and the checked namespaces it runs in
+    exe_fd: int | None = None
+    target: nsenter.Target | None = None
 
 
 @contextlib.contextmanager
-def _view(binary: CriuBinary, images_dir: Path, work_dir: Path, namespace_pid: int | None) -> Iterator[_View]:
-    """On the host: plain paths. In namespace mode: O_PATH fds of the static binary file, the images dir
-    and the work dir, which the nsenter child inherits, seen as `/proc/self/fd/N` (nothing is mounted
-    where the workload could see it); closed afterwards."""
+def _view(
+    binary: CriuBinary, images_dir: Path, work_dir: Path, namespace_pid: int | None, namespace_start: int | None = None
+) -> Iterator[_View]:
+    """On the host: plain paths. In namespace mode: the checked namespaces of `namespace_pid` (CriuError
+    when refused), and O_PATH fds of the static binary file, the images dir and the work dir, the dirs
+    inherited and seen as `/proc/self/fd/N` (nothing is mounted where the workload could see them);
+    closed afterwards."""
     if namespace_pid is None:
         yield _View(str(binary.exe), str(images_dir), str(work_dir))
         return
     fds: list[int] = []
     try:
-        fds.append(os.open(binary.exe, os.O_PATH | os.O_CLOEXEC))
-        for d in (images_dir, work_dir):
-            fds.append(os.open(d, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
-        yield _View(
-            exe=f"/proc/self/fd/{fds[0]}",
-            images=f"/proc/self/fd/{fds[1]}",
-            work=f"/proc/self/fd/{fds[2]}",
-            prefix=("nsenter", "-t", str(namespace_pid), "-m", "-u", "-i", "-n", "-p", "--"),
-            fds=tuple(fds),
-        )
+        with nsenter.target(namespace_pid, namespace_start) as target:
+            fds.append(os.open(binary.exe, os.O_PATH | os.O_CLOEXEC))
+            for d in (images_dir, work_dir):
+                fds.append(os.open(d, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+            yield _View(
+                exe="criu",
+                images=f"/proc/self/fd/{fds[1]}",
+                work=f"/proc/self/fd/{fds[2]}",
+                fds=tuple(fds[1:]),
+                exe_fd=fds[0],
+                target=target,
+            )
+    except nsenter.Refused as exc:
+        raise CriuError(f"refused to run criu in the namespaces of pid {namespace_pid}: {exc}") from exc
     finally:
         for fd in fds:
             os.close(fd)
@@ -134,8 +148,8 @@ def _require_static(binary: CriuBinary) -> None:
 
 
 def _namespace_env() -> dict[str, str]:
-    """CRIU's whole environment in namespace mode: PATH, for finding nsenter here. Nothing else of ours
-    (LD_*, CRIU_CONFIG_FILE, CRIU_LIBS_DIR, XDG_RUNTIME_DIR...) may steer CRIU inside a container."""
+    """CRIU's whole environment in namespace mode: PATH alone (the CRIU it accepts executes nothing). Nothing
+    else of ours (LD_*, CRIU_CONFIG_FILE, CRIU_LIBS_DIR, XDG_RUNTIME_DIR...) may steer CRIU in a container."""
     return {"PATH": os.environ.get("PATH", os.defpath)}
 
 
@@ -233,10 +247,12 @@ class _Call:
     #: our fds CRIU inherits (inherit-fd targets, a net ns)
     pass_fds: tuple[int, ...] = ()
     monitor: Callable[[int], None] | None = None
+    #: namespace_pid's start time as the caller found it (PID reuse is refused); None: not checked
+    namespace_start: int | None = None
 
 
 def _invoke(binary: CriuBinary, call: _Call) -> None:
-    """Write the config, run CRIU (on the host, or through nsenter into the target's namespaces), wait for
+    """Write the config, run CRIU (on the host, or in the target's checked namespaces, see _nsenter), wait for
     it (killing it on a timeout or when `monitor` raises), and raise CriuError when it failed."""
     work, action, ns = call.work_dir, call.action, call.namespace_pid
     work.mkdir(parents=True, exist_ok=True)
@@ -245,21 +261,27 @@ def _invoke(binary: CriuBinary, call: _Call) -> None:
     log = work / f"{action}.log"
     with contextlib.suppress(FileNotFoundError):
         log.unlink()
-    with _view(binary, call.images_dir, work, ns) as v:
-        cmd = [*v.prefix, v.exe, action, "--no-default-config", "--config", f"{v.work}/{conf.name}"]
+    with _view(binary, call.images_dir, work, ns, call.namespace_start) as v:
+        cmd = [v.exe, action, "--no-default-config", "--config", f"{v.work}/{conf.name}"]
         cmd += ["-D", v.images, "-W", v.work, "-o", log.name, f"-v{int(call.options.log_level)}", *call.args]
         preexec, cgroup_fds = (
             _join_cgroups_of(ns, call.cgroup_root) if (ns is not None and call.join_cgroups) else (None, [])
         )
+        env = binary.env() if ns is None else _namespace_env()
+        if v.target is not None and v.exe_fd is not None:
+            # the child execs CRIU itself, through its fd, and never returns to Popen's exec of `cmd`
+            preexec = nsenter.exec_in(
+                v.target, v.exe_fd, cmd, env, keep_fds=(*v.fds, *call.pass_fds), dirs=v.fds, before=preexec
+            )
         try:
             proc = subprocess.Popen(
                 cmd,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                env=binary.env() if ns is None else _namespace_env(),
+                env=env,
                 pass_fds=(*v.fds, *call.pass_fds),
-                preexec_fn=preexec,  # noqa: PLW1509 - only writes our pid to cgroup.procs before exec
+                preexec_fn=preexec,  # noqa: PLW1509 - joins cgroups; in namespace mode enters them and execs
             )
         except (OSError, subprocess.SubprocessError) as exc:
             raise CriuError(f"cannot start criu {action}: {exc}") from exc
@@ -311,6 +333,7 @@ class Criu:
         options: CriuOptions,
         *,
         namespace_pid: int | None = None,
+        namespace_start: int | None = None,
         leave_running: bool = False,
         net_ns_inode: int | None = None,
         monitor: Callable[[int], None] | None = None,
@@ -321,7 +344,9 @@ class Criu:
         killed by CRIU once the dump succeeded; on failure CRIU resumes it.
         """
         lines = options.dump_lines(namespace_pid is not None, net_ns_inode=net_ns_inode, leave_running=leave_running)
-        self._run(_Call("dump", lines, ["-t", str(pid)], images_dir, work_dir, options, namespace_pid, monitor=monitor))
+        args = ["-t", str(pid)]
+        call = _Call("dump", lines, args, images_dir, work_dir, options, namespace_pid, monitor=monitor)
+        self._run(dataclasses.replace(call, namespace_start=namespace_start))
         return lines
 
     def restore(
@@ -331,6 +356,7 @@ class Criu:
         options: CriuOptions,
         *,
         namespace_pid: int | None = None,
+        namespace_start: int | None = None,
         join_cgroups: bool = True,
         cgroup_root: Path = Path("/sys/fs/cgroup"),
         net_ns: Path | None = None,
@@ -358,7 +384,7 @@ class Criu:
             fds = ((net_fd,) if net_fd is not None else ()) + tuple(sorted(inherit or {}))
             call = _Call(
                 "restore", lines, args, images_dir, work_dir, options, namespace_pid, join_cgroups, cgroup_root,
-                fds, monitor,
+                fds, monitor, namespace_start,
             )  # fmt: skip
             self._run(call)
         finally:

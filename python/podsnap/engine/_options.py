@@ -38,6 +38,9 @@ class CaptureOptions:
 
     #: run CRIU inside this host PID's namespaces (a pod's container init); `pid` stays a host PID
     namespace_pid: int | None = None
+    #: namespace_pid's start time when the caller chose it (`process_start_time`): the capture is refused
+    #: when the PID now belongs to another process. None: not checked (a PID found just before the call)
+    namespace_start: int | None = None
     criu: CriuOptions = field(default_factory=CriuOptions)
     #: auto: checkpoint the CUDA processes found in the tree; on: require at least one; off: CPU state only
     cuda: Literal["auto", "on", "off"] = "auto"
@@ -87,6 +90,9 @@ class RestoreOptions:
 
     #: restore inside this host PID's namespaces (the placeholder container's init)
     namespace_pid: int | None = None
+    #: namespace_pid's start time when the caller chose it (`process_start_time`): the restore is refused
+    #: when the PID now belongs to another process. None: not checked (a PID found just before the call)
+    namespace_start: int | None = None
     #: in namespace mode, join `namespace_pid`'s cgroups before CRIU forks the tree, so the restored tree
     #: lives (and is limited and accounted) in the destination container, not in the caller's cgroups
     join_cgroups: bool = True

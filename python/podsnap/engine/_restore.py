@@ -23,6 +23,7 @@ from podsnap.engine import _artifact as art
 from podsnap.engine import _bulk as bulk
 from podsnap.engine import _compat as compat
 from podsnap.engine import _criu_runner as runner_mod
+from podsnap.engine import _nsenter as nsenter
 from podsnap.engine import _proctree as proctree
 from podsnap.engine._artifact import default_workers
 from podsnap.engine._compat import GateFailure
@@ -91,6 +92,11 @@ def _load(artifact: Path, opts: RestoreOptions, timer: Timer) -> Manifest:
             f"{artifact} was captured {'in' if manifest.namespaced else 'out of'} a namespace: restore it {want}",
             phase="validate",
         )
+    if opts.namespace_pid is not None:
+        try:  # before anything runs: the placeholder is what it was, and its namespaces are the host's
+            nsenter.check(opts.namespace_pid, opts.namespace_start)
+        except nsenter.Refused as exc:
+            raise RestoreError(f"refused namespace_pid {opts.namespace_pid}: {exc}", phase="validate") from exc
     return manifest
 
 
@@ -180,6 +186,7 @@ def _criu_restore(run: _Run, runner: Criu) -> _Restored:
                     work,
                     opts.criu,
                     namespace_pid=opts.namespace_pid,
+                    namespace_start=opts.namespace_start,
                     join_cgroups=opts.join_cgroups,
                     cgroup_root=opts.cgroup_root,
                     net_ns=opts.net_ns,
