@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from podsnap.demo import round_trip
 from podsnap.engine import CaptureError, CaptureOptions, Criu, RestoreOptions, capture, restore
 from podsnap.engine import _proctree as proctree
-from tests.support.processes import Pod, http_get
+from tests.support.processes import Pod, free_port, http_get
 
 pytestmark = pytest.mark.slow
 
@@ -105,3 +106,12 @@ def test_a_bulk_region_round_trips_between_pods_through_the_parallel_fill(
     assert proctree.state(restored.pid) != "T", "resumed after the fill"
     after = http_get(port)
     assert after["bulk"] == before["bulk"] and after["init_id"] == init_id
+
+
+def test_the_demo_round_trip_in_namespace_mode_on_the_cpu(criu: Criu, tmp_path: Path) -> None:
+    """The code path of tests/gpu/test_cuda_roundtrip.py::test_in_namespace_mode..., without a GPU: the demo's
+    sandboxes entered through checked namespace fds, CRIU exec'd through its fd."""
+    report = round_trip(tmp_path, ["--device", "cpu"], port=free_port(), namespaces=True)
+    assert report["restore"]["ns_pid"] == report["before"]["pid"] != report["restore"]["pid"], (
+        "same namespace PID in the new sandbox, another host PID"
+    )
