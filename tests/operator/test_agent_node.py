@@ -218,3 +218,32 @@ def test_an_agent_may_label_only_its_own_node_and_only_with_placement_labels(env
     # its own placement labels it may set, and remove: what it does at start and every few minutes
     own = {"metadata": {"labels": {c.LABEL_NODE_ARCH: "x86_64", c.LABEL_NODE_GPU_COUNT: None}}}
     assert agent.core.patch_node(NODE, own).metadata.labels[c.LABEL_NODE_ARCH] == "x86_64"
+
+
+def test_the_operator_may_only_remove_placement_labels_of_a_node(env: Env) -> None:
+    """The operator may patch Nodes (RBAC cannot narrow that to labels) for one thing: removing the placement
+    labels of a node whose agent is gone (operator/stale_placement.py). The attacks, with its token: label a
+    node to attract workloads, claim placement facts for it, lift a taint."""
+    operator = as_agent(env.operator_kubeconfig)
+    admin = env.cluster.kube.core
+
+    def refused(change: dict[str, Any]) -> None:
+        exc = denied(operator.core.patch_node, OTHER_NODE, change)
+        assert exc.status == 403, exc.body
+        assert "is the podsnap operator and may only remove podsnap's placement labels of a Node" in str(exc.body)
+
+    admin.patch_node(OTHER_NODE, {"metadata": {"labels": {c.LABEL_NODE_KERNEL: "6.1.0-b"}}})
+    try:
+        refused({"metadata": {"labels": {"node-role.kubernetes.io/inference": "true"}}})
+        refused({"metadata": {"labels": {c.LABEL_NODE_KERNEL: "6.9.0-forged"}}})
+        refused({"metadata": {"labels": {c.LABEL_NODE_ARCH: "x86_64"}}})
+        refused({"metadata": {"annotations": {"podsnap.io/test": "x"}}})
+        refused({"spec": {"unschedulable": True}})
+        labels = admin.read_node(OTHER_NODE).metadata.labels
+        assert labels[c.LABEL_NODE_KERNEL] == "6.1.0-b" and "node-role.kubernetes.io/inference" not in labels
+
+        # what it does: remove them
+        got = operator.core.patch_node(OTHER_NODE, {"metadata": {"labels": {c.LABEL_NODE_KERNEL: None}}})
+        assert c.LABEL_NODE_KERNEL not in got.metadata.labels
+    finally:
+        admin.patch_node(OTHER_NODE, {"metadata": {"labels": {c.LABEL_NODE_KERNEL: None}}})

@@ -17,6 +17,10 @@ of any other node:
   nodes                                           UPDATE only of the agent's own Node, and only of its
                                                   placement labels (agent/node_labels.py)
 
+The operator itself may patch Nodes (with placement on) only to remove placement labels of a node whose agent
+is gone (operator/stale_placement.py); RBAC cannot narrow a patch to labels, so the nodes hook holds the
+operator's own ServiceAccount to that too: a token of it used for anything else of a Node is refused.
+
 A token whose pod is gone, or has another uid, is refused too (the API server already rejects tokens of
 deleted pods; this covers a pod recreated under the same name). Requests from anyone else pass at once,
 on the event loop. What this cannot restrict, and why, is in docs/security.md (reads, Events).
@@ -51,6 +55,8 @@ OPERATIONS: tuple[Literal["UPDATE"]] = ("UPDATE",)
 
 #: refuses (kopf.AdmissionError) a change by the agent of `node`, named `username`, to `body` (was `old`)
 Check = Callable[[str, str, Mapping[str, Any], Mapping[str, Any] | None], None]
+#: refuses (kopf.AdmissionError) a change by the operator, named `username`, to `body` (was `old`)
+OperatorCheck = Callable[[str, Mapping[str, Any], Mapping[str, Any] | None], None]
 
 
 def _first(values: Any) -> str:
@@ -166,6 +172,29 @@ def check_node(node: str, username: str, body: Mapping[str, Any], old: Mapping[s
         )
 
 
+def check_operator_node(username: str, body: Mapping[str, Any], old: Mapping[str, Any] | None) -> None:
+    """The operator changes a Node only by removing placement labels (operator/stale_placement.py)."""
+    if old is None:
+        return
+
+    def placement(node: Mapping[str, Any]) -> dict[str, Any]:
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        return {k: v for k, v in labels.items() if k in c.NODE_FACT_LABELS}
+
+    before, after = placement(old), placement(body)
+    if _all_but_placement(old) != _all_but_placement(body) or any(before.get(k) != v for k, v in after.items()):
+        raise kopf.AdmissionError(
+            f"{username} is the podsnap operator and may only remove podsnap's placement labels of a Node "
+            f"({', '.join(c.NODE_FACT_LABELS)}), nothing else of it",
+            code=403,
+        )
+
+
+def operator_username(ctx: OperatorContext) -> str | None:
+    """The user the operator's own requests come as (its ServiceAccount)."""
+    return username_from_token(ctx.credentials.token)
+
+
 #: the object as stored, in place of the request's oldObject
 Stored = Callable[[OperatorContext, Mapping[str, Any]], Mapping[str, Any] | None]
 
@@ -187,12 +216,19 @@ async def _validate(
     memo: Any,
     *,
     stored: Stored | None = None,
+    operator_check: OperatorCheck | None = None,
 ) -> None:
+    ctx = ctx_of(memo)
+    loop = asyncio.get_running_loop()
+    username = str(userinfo.get("username") or "")
+    if operator_check is not None and username and username == operator_username(ctx):
+        if stored is not None:
+            old = await loop.run_in_executor(REVIEWS, stored, ctx, body)
+        operator_check(username, body, old)
+        return
     extra = userinfo.get("extra") or {}
     if not extra.get(EXTRA_POD_NAME):
         return  # not a token bound to a pod: no agent of the chart's (answered on the event loop)
-    ctx = ctx_of(memo)
-    loop = asyncio.get_running_loop()
     node = await loop.run_in_executor(REVIEWS, agent_node, ctx, userinfo)
     if node is None:
         return
@@ -201,11 +237,13 @@ async def _validate(
     check(node, str(userinfo.get("username")), body, old)
 
 
-def _handler(check: Check, stored: Stored | None = None) -> Callable[..., Coroutine[Any, Any, None]]:
+def _handler(
+    check: Check, stored: Stored | None = None, operator_check: OperatorCheck | None = None
+) -> Callable[..., Coroutine[Any, Any, None]]:
     async def validate(
         *, body: kopf.Body, old: kopf.Body | None, userinfo: Mapping[str, Any], memo: Any, **_: Any
     ) -> None:
-        await _validate(check, body, old, userinfo, memo, stored=stored)
+        await _validate(check, body, old, userinfo, memo, stored=stored, operator_check=operator_check)
 
     return validate
 
@@ -224,4 +262,4 @@ validate_agent_contents = kopf.on.validate(
 )(_handler(check_content))
 validate_agent_nodes = kopf.on.validate(
     "", "v1", "nodes", id=VALIDATE_AGENT_NODES, operations=OPERATIONS, registry=registry
-)(_handler(check_node, stored_node))
+)(_handler(check_node, stored_node, check_operator_node))

@@ -20,7 +20,8 @@ An agent that comes back labels its Node again when it starts.
 
 The patch carries the Node's resourceVersion: an agent that relabelled the node in between wins (409), and
 the next sweep looks again. RBAC cannot narrow the operator's Node patch to these labels; this module is the
-only code that patches Nodes (docs/security.md).
+only code that patches Nodes, and the nodes hook refuses the operator's ServiceAccount any other Node change
+(on_agent_requests.py, docs/security.md).
 """
 
 from __future__ import annotations
