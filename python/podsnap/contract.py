@@ -261,6 +261,9 @@ REASON_NOT_A_CAPTURE_SOURCE: Final = "NotACaptureSource"
 REASON_RESTORE_REFUSED: Final = "RestoreRefused"
 #: a Ready snapshot whose artifact went missing or failed verification: it is Failed from then on
 REASON_ARTIFACT_LOST: Final = "ArtifactLost"
+#: the pod's status names a container the agent cannot tie to the pod itself (not a whole container ID, or its
+#: processes lie under another pod's cgroup): nothing is captured, restored or killed; terminal
+REASON_CONTAINER_REFUSED: Final = "ContainerRefused"
 
 
 # --- node-local artifact cache and prefetch (issue 9; additive) ------------------------------

@@ -11,7 +11,6 @@ import pytest
 
 from podsnap import contract as c
 from podsnap.agent import control
-from podsnap.agent.containers import ContainerNotRunning, environ_of, find_processes, strip_runtime
 from podsnap.agent.executor import ExecutionError
 from podsnap.agent.on_content import artifact_dir
 from podsnap.kube import conditions
@@ -303,30 +302,6 @@ def test_invalid_policies_name_the_field(spec: dict[str, Any], field: str) -> No
 
 
 # --- agent host-side helpers --------------------------------------------------------------------
-
-
-def fake_proc(root: Path, pid: int, ppid: int, cgroup: str, environ: bytes = b"") -> None:
-    d = root / str(pid)
-    d.mkdir(parents=True)
-    (d / "cgroup").write_text(f"0::{cgroup}\n")
-    (d / "status").write_text(f"Name:\tx\nPPid:\t{ppid}\n")
-    (d / "environ").write_bytes(environ)
-
-
-def test_container_processes_are_found_by_cgroup_and_rooted(tmp_path: Path) -> None:
-    """A /proc laid out in a temp dir: this test is about parsing; the suite's integration tests use real cgroups."""
-    cid = "f" * 64
-    fake_proc(tmp_path, 10, 1, f"/kubepods/pod1/cri-containerd-{cid}.scope", b"A=1\0POD_NAME=x\0")
-    fake_proc(tmp_path, 11, 10, f"/kubepods/pod1/cri-containerd-{cid}.scope")
-    fake_proc(tmp_path, 12, 1, "/kubepods/pod1/cri-containerd-other.scope")
-    procs = find_processes(f"containerd://{cid}", tmp_path)
-    assert procs.pids == (10, 11) and procs.root == 10
-    assert environ_of(10, tmp_path) == {"A": "1", "POD_NAME": "x"}
-    with pytest.raises(ContainerNotRunning):
-        find_processes("containerd://" + "e" * 64, tmp_path)
-    with pytest.raises(ValueError, match="too short"):
-        find_processes("docker://abc", tmp_path)
-    assert strip_runtime("cri-o://abc") == "abc"
 
 
 def test_control_files_are_written_through_the_process_root(tmp_path: Path) -> None:

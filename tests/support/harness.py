@@ -3,7 +3,8 @@
 What plays the kubelet's part (there is no kubelet on this machine) is named `kubelet_*` and does only
 what a kubelet would: bind a pod to a node, report its status (phase, Ready, container IDs, pod IP),
 and run the container's process (`ContainerProcess`: a real `sleep` placed in a cgroup named after
-the container ID, which is how the agent finds a container's processes on a real node).
+the container ID, below one named after its pod's UID, which is how the agent finds a container's
+processes on a real node).
 """
 
 from __future__ import annotations
@@ -97,18 +98,33 @@ class KopfThread:
         self.thread = None
 
 
+def pod_cgroup(pod_uid: str, container_id: str, *, systemd: bool = False) -> Path:
+    """Where a kubelet and containerd put a container of pod `pod_uid`, under the test's own cgroup: the
+    cgroupfs driver's `pod<uid>/<id>` (the local e2e cluster's, hack/cluster/kubelet-config.yaml), or the
+    systemd driver's `kubepods-besteffort-pod<uid_>.slice/cri-containerd-<id>.scope`."""
+    if systemd:
+        pod = f"kubepods-besteffort-pod{pod_uid.replace('-', '_')}.slice"
+        return CGROUP_ROOT / "podsnap-test" / pod / f"cri-containerd-{container_id}.scope"
+    return CGROUP_ROOT / "podsnap-test" / f"pod{pod_uid}" / container_id
+
+
 @dataclass
 class ContainerProcess:
-    """A container's main process as a kubelet + runtime would leave it: a real process in a cgroup whose
-    path carries the container ID (`cri-containerd-<id>.scope`), with the container's environment."""
+    """A container's main process as a kubelet + runtime would leave it: a real process in its pod's
+    container cgroup (`pod_cgroup`), with the container's environment. Until `kubelet_run` tells it its pod
+    (`place`), it waits in a cgroup of no pod, where the agent does not find it."""
 
     container_id: str
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
+    pod_uid: str | None = None
+    systemd: bool = False
 
     @property
     def cgroup(self) -> Path:
-        return CGROUP_ROOT / "podsnap-test" / f"cri-containerd-{self.container_id}.scope"
+        if self.pod_uid is None:
+            return CGROUP_ROOT / "podsnap-test" / f"unplaced-{self.container_id}"
+        return pod_cgroup(self.pod_uid, self.container_id, systemd=self.systemd)
 
     def start(self) -> ContainerProcess:
         self.cgroup.mkdir(parents=True, exist_ok=True)
@@ -116,6 +132,15 @@ class ContainerProcess:
         self.proc = subprocess.Popen(["sleep", "600"], env=env, start_new_session=True)
         (self.cgroup / "cgroup.procs").write_text(str(self.proc.pid))
         return self
+
+    def place(self, pod_uid: str) -> None:
+        """Into the container cgroup of pod `pod_uid` (what the runtime does when the pod sandbox exists)."""
+        before = self.cgroup
+        self.pod_uid = pod_uid
+        self.cgroup.mkdir(parents=True, exist_ok=True)
+        for pid in (before / "cgroup.procs").read_text().split():
+            (self.cgroup / "cgroup.procs").write_text(pid)
+        _remove_cgroup(before)
 
     @property
     def pid(self) -> int:
@@ -127,8 +152,16 @@ class ContainerProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(5)
+        _remove_cgroup(self.cgroup)
+
+
+def _remove_cgroup(cgroup: Path) -> None:
+    """The cgroup and its pod's, once empty (another test's process may still be in a parent: left then)."""
+    for d in (cgroup, cgroup.parent):
+        if d == CGROUP_ROOT / "podsnap-test":
+            return
         with contextlib.suppress(OSError):
-            self.cgroup.rmdir()
+            d.rmdir()
 
 
 @functools.cache
@@ -217,6 +250,9 @@ class Cluster:
         obj = self.pod(namespace, pod)
         assert obj is not None, f"pod {namespace}/{pod} missing"
         ids = container_ids or {}
+        for proc in self.processes:  # the runtime starts each container in its pod's cgroup, once
+            if proc.container_id in ids.values() and proc.pod_uid is None:
+                proc.place(obj["metadata"]["uid"])
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         running = phase == "Running"
         statuses = [

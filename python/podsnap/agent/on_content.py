@@ -14,7 +14,7 @@ import kopf
 from podsnap import contract as c
 from podsnap.agent import gates
 from podsnap.agent.authz import capture_source
-from podsnap.agent.containers import ContainerNotRunning, find_processes
+from podsnap.agent.containers import ContainerNotRunning, ContainerRef, ContainerRefused, find_processes
 from podsnap.agent.executor import CaptureRequest, ExecutionError, PodRef
 from podsnap.agent.runtime import AgentContext, ctx_of, registry
 from podsnap.agent.volume_sweep import remove_leftovers
@@ -159,7 +159,14 @@ def _request(ctx: AgentContext, name: str, spec: Mapping[str, Any]) -> CaptureRe
             f"container {container!r} has no containerID in the pod status", reason=c.REASON_CONTAINER_NOT_FOUND
         )
     try:
-        procs = find_processes(cid, ctx.config.proc_root)
+        # the status names the container, and its namespace's users may write it: the ID must be whole and
+        # its processes under this very pod's cgroup, or another container's tree would be dumped
+        procs = find_processes(ContainerRef.of(str(cid), pod["metadata"]["uid"]), ctx.config.proc_root)
+    except ContainerRefused as exc:
+        raise ExecutionError(
+            f"container {container!r} (status.containerStatuses[].containerID): {exc}",
+            reason=c.REASON_CONTAINER_REFUSED,
+        ) from None
     except ContainerNotRunning as exc:
         raise ExecutionError(str(exc), reason=c.REASON_CONTAINER_NOT_FOUND) from exc
     dest = artifact_dir(ctx.config.artifact_root, spec.get("artifactPath") or name)

@@ -20,7 +20,15 @@ from podsnap import contract as c
 from podsnap.agent import control, gates
 from podsnap.agent.artifacts import invalidate
 from podsnap.agent.authz import Refused, restore_target
-from podsnap.agent.containers import ContainerNotRunning, environ_of, find_processes, kill_restored, ns_pid
+from podsnap.agent.containers import (
+    ContainerNotRunning,
+    ContainerRef,
+    ContainerRefused,
+    environ_of,
+    find_processes,
+    kill_restored,
+    ns_pid,
+)
 from podsnap.agent.executor import ArtifactUnusable, ExecutionError, IncompatibleError, PodRef, RestoreRequest
 from podsnap.agent.on_content import artifact_dir
 from podsnap.agent.runtime import AgentContext, ctx_of, registry
@@ -40,6 +48,7 @@ TERMINAL_REASONS = (
     c.REASON_RESTORE_INCOMPATIBLE,
     c.REASON_ALREADY_COLD,
     c.REASON_RESTORE_REFUSED,
+    c.REASON_CONTAINER_REFUSED,
 )
 #: env the new pod's identity is published under in restore-context.json
 IDENTITY_KEYS = ("POD_NAME", "POD_NAMESPACE", "POD_UID", "POD_IP", "NODE_NAME", "HOSTNAME")
@@ -99,7 +108,7 @@ def pod_restore(*, body: kopf.Body, type: str | None, memo: Any, logger: kopf.Lo
         cid = _running_container_id(pod, container)
         if reason == c.REASON_RESTORE_IN_PROGRESS:
             # an earlier agent died mid-restore; whatever it left is not trusted to serve: the pod starts cold
-            abandon(ctx, pod, container, cid)
+            abandon(ctx, pod, snapshot=snapshot, container=container, cid=cid)
             return
         if cid is None:
             return  # the placeholder is not running yet; a later event brings it
@@ -111,14 +120,23 @@ def pod_restore(*, body: kopf.Body, type: str | None, memo: Any, logger: kopf.Lo
             ctx.restoring.discard(uid)
 
 
-def _control_dir(ctx: AgentContext, pod: Mapping[str, Any], container: str, cid: str | None) -> ControlDir | None:
+def container_ref(pod: Mapping[str, Any], cid: str) -> ContainerRef:
+    """The container the status names, bound to this pod's UID (ContainerRefused, with the field, when not
+    a whole container ID): the status is the user's to write, the UID is not."""
+    try:
+        return ContainerRef.of(cid, str(pod["metadata"]["uid"]))
+    except ContainerRefused as exc:
+        raise ContainerRefused(f"status.containerStatuses[].containerID: {exc}") from None
+
+
+def _control_dir(ctx: AgentContext, pod: Mapping[str, Any], container: str, ref: ContainerRef) -> ControlDir | None:
     """The control dir of the pod's running target container, reached through its root; None when gone."""
     spec = container_of(pod, container)
-    if cid is None or spec is None:
+    if spec is None:
         return None
     try:
-        procs = find_processes(cid, ctx.config.proc_root)
-    except (ContainerNotRunning, OSError):
+        procs = find_processes(ref, ctx.config.proc_root)
+    except (ContainerNotRunning, ContainerRefused, OSError):
         return None
     return control.control_dir(procs.root, control_dir_of(spec), ctx.config.proc_root)
 
@@ -166,17 +184,31 @@ def _fail(
             log.warning("could not tell %s to start cold: %s", pod["metadata"]["name"], exc)
 
 
-def abandon(ctx: AgentContext, pod: Mapping[str, Any], container: str, cid: str | None) -> None:
+def abandon(ctx: AgentContext, pod: Mapping[str, Any], *, snapshot: str, container: str, cid: str | None) -> None:
     """A restore an earlier agent process began and never finished: kill whatever it restored into the
     container (a tree CRIU left stopped before its memory was filled, or running without its GPU state),
-    then fall back."""
+    then fall back.
+
+    The condition that sent us here is in the pod's status, which its namespace's users may write: so
+    before anything is killed or written, the pod must carry podsnap's restore token, and the container
+    must be the pod's own (its whole ID, under the pod's cgroup)."""
     killed: list[int] = []
-    if cid is not None:
-        try:
-            killed = kill_restored(cid, ctx.config.proc_root)
-        except OSError as exc:
-            log.warning("could not look for what was restored into %s: %s", pod["metadata"]["name"], exc)
-    ctl = _control_dir(ctx, pod, container, cid)
+    ref: ContainerRef | None = None
+    try:
+        restore_target(ctx.tokens, pod, snapshot=snapshot, container=container)
+        if cid is not None:
+            ref = container_ref(pod, cid)
+            # refuses (ContainerRefused) before it kills anything when the ID is another pod's container's
+            killed = kill_restored(ref, ctx.config.proc_root)
+    except Refused as exc:
+        _fail(ctx, pod, exc.reason, str(exc), None, fallback=False)
+        return
+    except ContainerRefused as exc:
+        _fail(ctx, pod, c.REASON_CONTAINER_REFUSED, str(exc), None, fallback=False)
+        return
+    except OSError as exc:
+        log.warning("could not look for what was restored into %s: %s", pod["metadata"]["name"], exc)
+    ctl = None if ref is None else _control_dir(ctx, pod, container, ref)
     extra = f"; killed what it had restored (pids {killed})" if killed else ""
     _fail(ctx, pod, c.REASON_AGENT_RESTARTED, f"the node agent restarted during the restore{extra}", ctl)
 
@@ -250,7 +282,7 @@ def restore(
         spec_container = container_of(pod, container)
         if spec_container is None:
             raise ExecutionError(f"container {container!r} is not in the pod", reason=c.REASON_RESTORE_FAILED)
-        procs = find_processes(cid, ctx.config.proc_root)
+        procs = find_processes(container_ref(pod, cid), ctx.config.proc_root)
         ctl = control.control_dir(procs.root, control_dir_of(spec_container), ctx.config.proc_root)
         artifact = bound_artifact(ctx, meta["namespace"], snapshot)
         skipped = gates.check(pod, container, artifact.source, skip=claims.skip_compat)
@@ -284,6 +316,10 @@ def restore(
     except Refused as exc:
         # nothing is written into a pod podsnap did not shape (its placeholder, if any, times out cold)
         _fail(ctx, pod, exc.reason, str(exc), None, fallback=False)
+        return
+    except ContainerRefused as exc:
+        # the status names a container that is not this pod's: nothing of it is touched, nothing written
+        _fail(ctx, pod, c.REASON_CONTAINER_REFUSED, str(exc), None, fallback=False)
         return
     except IncompatibleError as exc:
         _fail(ctx, pod, c.REASON_RESTORE_INCOMPATIBLE, f"gate {exc.gate}: {exc}", ctl)
