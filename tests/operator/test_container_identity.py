@@ -1,4 +1,4 @@
-"""Finding 12: the container the agent acts on is named by the pod's status, which a namespace user may write.
+"""docs/security.md, the finding on the container named by the pod's status: the container the agent acts on is named by the pod's status, which a namespace user may write.
 Each test performs the attack against the real API server, operator and agent, with real processes in real
 cgroups: a status naming a partial container ID, or another pod's container, gets the pod or snapshot
 refused with `RestoreRefused` or `ContainerRefused` (condition + Event), and the other pod's processes are

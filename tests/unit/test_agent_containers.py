@@ -1,4 +1,4 @@
-"""Which processes the agent takes for a pod's container (docs/security.md, finding 12): the container ID from the
+"""Which processes the agent takes for a pod's container (docs/security.md, the finding on the container named by the pod's status): the container ID from the
 pod's status counts only whole, and only as the container component right below the pod's own cgroup,
 named by the pod's UID. A /proc laid out in a temp dir for the layouts of both cgroup drivers and the
 runtimes; the last test uses real cgroups and real processes."""

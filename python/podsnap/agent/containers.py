@@ -6,10 +6,11 @@ cgroup, which carries the pod's UID: cgroupfs `/kubepods/<qos>/pod<uid>/<id>` (C
 (`docker-<id>.scope`, `crio-<id>.scope`). So a scan of `/proc/*/cgroup` finds them without talking to the
 runtime.
 
-The container ID comes from the pod's status, which a namespace user may write (docs/security.md, finding
-12): it is accepted only whole (`<runtime>://` and 64 lowercase hex digits) and must be the whole container
-component of a cgroup path that lies under the pod's own cgroup, named by the pod's UID (its metadata,
-which nobody writes). A status naming a substring, a prefix or another pod's container finds nothing here.
+The container ID comes from the pod's status, which a namespace user may write (docs/security.md, the
+finding on the container named by the pod's status): it is accepted only whole (`<runtime>://` and 64
+lowercase hex digits) and must be the whole container component of a cgroup path right below the pod's
+own cgroup, named by the pod's UID (its metadata, which no user writes). A status naming a substring, a
+prefix or another pod's container finds nothing here.
 """
 
 from __future__ import annotations
