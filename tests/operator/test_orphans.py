@@ -5,6 +5,8 @@ the recording stand-in, which removes real directories."""
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import logging
 import re
 from collections.abc import Iterator
@@ -15,7 +17,8 @@ import kopf
 import pytest
 
 from podsnap import contract as c
-from podsnap.operator import orphans
+from podsnap.kube.client import Credentials, Kube
+from podsnap.operator import agent_absence, orphans
 from tests.support.operator_env import (
     CLEANUP_HANDOVER_S,
     NODE,
@@ -163,3 +166,16 @@ def test_a_handover_from_a_stale_read_is_refused_by_the_api_server(env: Env, ns:
     after = env.cluster.get(c.PLURAL_POD_SNAPSHOT_CONTENTS, name)
     assert after is not None and after["metadata"]["labels"][c.LABEL_SNAPSHOT_NODE] == OTHER_NODE
     assert after["metadata"]["annotations"][c.ANNOTATION_HANDED_OVER_FROM] == OTHER_NODE
+
+
+def test_without_the_right_to_its_configmap_the_operator_keeps_absences_in_memory(env: Env) -> None:
+    """An operator without the chart's Role (an older RBAC, a hand-made install) still ends its waits: the
+    record is kept in memory, and a time once written stays, so the absence ages."""
+    creds = Credentials.load(env.agent_kubeconfig)  # a ServiceAccount of the release with no ConfigMap rights
+    ctx = dataclasses.replace(env.operator_ctx, credentials=creds, kube=Kube(creds.api_client()), absent_agents={})
+    nobody = agent_absence.Agents()
+    t0 = datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC)
+    first = agent_absence.track(ctx, nobody, ["node-x"], t0)
+    later = agent_absence.track(ctx, nobody, ["node-x"], t0 + datetime.timedelta(hours=1))
+    assert first == later == {"node-x": t0} and ctx.absent_agents_in_memory
+    assert recorded_absence(env, "node-x") is None, "nothing written where it had no right to"

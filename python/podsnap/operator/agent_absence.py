@@ -19,13 +19,16 @@ Where the moment comes from, and why:
   its labels); the orphan handover must work without placement too. A ConfigMap of its own namespace needs
   only a namespaced Role, for that one object.
 
-Limit: an agent that came back Ready and went again while the operator was down leaves the first absence's
-time in the ConfigMap (nothing in the API tells of the Ready spell in between).
+Limits: an agent that came back Ready and went again while the operator was down leaves the first absence's
+time in the ConfigMap (nothing in the API tells of the Ready spell in between). An operator that runs outside
+a ServiceAccount (no namespace of its own) or without the chart's Role keeps the record in memory instead,
+logging why: its waits then start again when it restarts, but still end.
 """
 
 from __future__ import annotations
 
 import datetime
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +39,8 @@ from podsnap.kube.client import get_or_none
 from podsnap.kube.conditions import parse_time
 from podsnap.operator.on_agent_requests import AGENT_LABELS, own_namespace
 from podsnap.operator.runtime import OperatorContext
+
+log = logging.getLogger(__name__)
 
 #: in the operator's namespace (the chart's Role grants it this one ConfigMap)
 ABSENCE_CONFIGMAP = "podsnap-agent-absence"
@@ -96,14 +101,28 @@ def since(
     return min(known) if known else now
 
 
+#: the resourceVersion `read` gives when the record is kept in memory (ctx.absent_agents)
+IN_MEMORY = "in-memory"
+
+
+def _in_memory(ctx: OperatorContext, why: str) -> tuple[dict[str, datetime.datetime], str]:
+    if not ctx.absent_agents_in_memory:
+        log.warning("agent absences are kept in memory (%s): the clean-up waits start again at each restart", why)
+        ctx.absent_agents_in_memory = True
+    return dict(ctx.absent_agents), IN_MEMORY
+
+
 def read(ctx: OperatorContext) -> tuple[dict[str, datetime.datetime], str | None]:
     """The recorded absences and the ConfigMap's resourceVersion (None: there is none yet)."""
     namespace = own_namespace(ctx)
-    cm = (
-        None
-        if namespace is None
-        else get_or_none(ctx.kube.core.read_namespaced_config_map, ABSENCE_CONFIGMAP, namespace)
-    )
+    if namespace is None or ctx.absent_agents_in_memory:  # once in memory, for the rest of this process
+        return _in_memory(ctx, "the operator runs under no ServiceAccount, so has no namespace of its own")
+    try:
+        cm = get_or_none(ctx.kube.core.read_namespaced_config_map, ABSENCE_CONFIGMAP, namespace)
+    except ApiException as exc:
+        if exc.status != 403:
+            raise
+        return _in_memory(ctx, f"no right to read ConfigMap {namespace}/{ABSENCE_CONFIGMAP}: the chart's Role")
     if cm is None:
         return {}, None
     got = {node: parse_time(value) for node, value in (cm.data or {}).items()}
@@ -114,7 +133,8 @@ def write(ctx: OperatorContext, absent: Mapping[str, datetime.datetime], version
     """Store `absent`, guarded by `version`: a second operator's write in between makes this one fail with a
     409 (ApiException), and the next sweep starts again from what is stored."""
     namespace = own_namespace(ctx)
-    if namespace is None:
+    if namespace is None or version == IN_MEMORY:
+        ctx.absent_agents = dict(absent)
         return
     data = {node: t.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ") for node, t in sorted(absent.items())}
     body: dict[str, Any] = {"metadata": {"name": ABSENCE_CONFIGMAP}, "data": data}
@@ -136,6 +156,10 @@ def track(
         try:
             write(ctx, absent, version)
         except ApiException as exc:
+            if exc.status == 403:  # no right to create it: the chart's Role is missing
+                _in_memory(ctx, f"no right to write ConfigMap {ABSENCE_CONFIGMAP}: the chart's Role")
+                write(ctx, absent, IN_MEMORY)
+                return absent
             if exc.status != 409:
                 raise
             # another operator (or this one's previous round) wrote in between: its record stands until next time

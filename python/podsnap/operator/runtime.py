@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,9 @@ class OperatorContext:
     background: list[asyncio.Task[None]] = field(default_factory=list)
     #: uids of pods the webhook could not place whose Restored condition this process wrote (on_placement.py)
     placement_noticed: set[str] = field(default_factory=set)
+    #: since when each node has had no Ready agent, when the API cannot keep it (operator/agent_absence.py)
+    absent_agents: dict[str, datetime.datetime] = field(default_factory=dict)
+    absent_agents_in_memory: bool = False
 
     @property
     def scheduling_gates(self) -> bool:
