@@ -244,3 +244,18 @@ def test_criu_is_not_started_where_its_dirs_do_not_resolve_to_ours(
     assert r.returncode == nsenter.EXIT_REFUSED
     assert f"/proc/self/fd/{work} inside pid {pod.init_pid}'s mount namespace is not ours" in r.stdout
     assert sorted(p.name for p in markers.iterdir()) == []
+
+
+def test_a_process_of_the_tree_in_a_user_namespace_of_its_own_is_refused(
+    criu: Criu, pods: tuple[Pod, Path], tmp_path: Path
+) -> None:
+    """The pod's PID 1 is fine; the process to capture moved itself into a user namespace of its own."""
+    pod, host_only = pods
+    r = pod.exec("sh", "-c", "setsid -f unshare -U sleep 1000 </dev/null >/dev/null 2>&1")
+    assert r.returncode == 0, r.stderr
+    _wait_for("the worker", lambda: len(_children(pod.init_pid)) == 1)
+    (worker,) = _children(pod.init_pid)
+    _wait_for("its user namespace", lambda: Path(f"/proc/{worker}/comm").read_text().strip() == "sleep")
+    with pytest.raises(CaptureError, match=f"pid {worker} is in a user namespace of its own"):
+        capture(worker, host_only / "snap", CaptureOptions(namespace_pid=pod.init_pid), criu=criu)
+    assert proctree.is_alive(worker)

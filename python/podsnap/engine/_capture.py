@@ -80,6 +80,8 @@ def _inspect(pid: int, opts: CaptureOptions, cuda: CudaCheckpointer | None, criu
     criu_pid, stdio = pid, {}
     if opts.namespace_pid is not None:
         try:
+            # the namespaces CRIU will enter are checked again right before it runs (_criu_runner); the tree's
+            # own user namespaces only here: what CRIU resolves goes through the namespaces it entered
             nsenter.check(opts.namespace_pid, opts.namespace_start, tree=[p.pid for p in tree])
         except nsenter.Refused as exc:
             raise _refuse(f"refused namespace_pid {opts.namespace_pid}: {exc}") from exc

@@ -24,7 +24,9 @@ anything at /proc (`unshare -Urm`, then tmpfs over /proc with programs planted a
    of those paths, resolved in the container, is the agent's own directory, and stops otherwise.
 
 A container whose processes hold CAP_SYS_ADMIN in the host's user namespace (a privileged pod) can
-mount over /proc after these checks; such a pod is root on its node already.
+mount over /proc after these checks; such a pod is root on its node already. The mounts are read from
+/proc/PID/mountinfo, which lists them relative to that process's root: the ownership checks, not the
+mount list, are what keep a workload that cannot mount (every unprivileged one) from faking /proc.
 """
 
 from __future__ import annotations
