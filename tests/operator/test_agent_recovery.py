@@ -43,7 +43,9 @@ def leftover(next_to: Path, kind: str) -> Path:
 def test_a_starting_agent_removes_what_its_node_left_half_done_and_only_that(env: Env, ns: str) -> None:
     golden(env, ns)  # captured on this agent's node
     mine = artifact_of(env, ns, "golden")
-    running_pod(env, ns, "elsewhere", node=OTHER_NODE)  # node-b runs no agent here: its capture stays Pending
+    running_pod(
+        env, ns, "elsewhere", node=OTHER_NODE, job="theirs"
+    )  # node-b runs no agent here: its capture stays Pending
     env.cluster.create(c.PLURAL_POD_SNAPSHOTS, podsnapshot("theirs", "elsewhere"), ns)
     theirs = artifact_of(env, ns, "theirs")
     staging = leftover(mine, "staging-0123456789ab")

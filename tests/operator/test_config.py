@@ -519,7 +519,7 @@ def test_every_agent_variable_changes_what_the_agent_process_does(env: Env, tmp_
             ("this-key", TokenKey.load(key), c.REASON_CONTAINER_NOT_FOUND),
         ):
             marked = _content(node, name)
-            _marked_pod(env, node, name, marker.mint(Claims(CAPTURE, "default", "main", name)))
+            _marked_pod(env, node, name, marker.mint(Claims(CAPTURE, "default", "main", "config-test")))
             env.cluster.create(c.PLURAL_POD_SNAPSHOT_CONTENTS, marked)
             try:
                 got = wait_for(

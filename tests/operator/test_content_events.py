@@ -21,7 +21,7 @@ def content_events(env: Env, names: set[str]) -> list[Any]:
 
 def test_content_events_in_default_name_no_namespace(env: Env, ns: str) -> None:
     golden(env, ns)  # a capture that succeeds
-    running_pod(env, ns, "gone", ready=False)  # and one whose pod goes away before it is captured
+    running_pod(env, ns, "gone", ready=False, job="lost")  # and one whose pod goes away before it is captured
     lost = env.cluster.create(c.PLURAL_POD_SNAPSHOTS, podsnapshot("lost", "gone"), ns)
     wait_for(
         lambda: env.cluster.get(c.PLURAL_POD_SNAPSHOT_CONTENTS, c.content_name(lost["metadata"]["uid"])), what="content"

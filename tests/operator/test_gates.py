@@ -81,7 +81,10 @@ def limited_source(env: Env, ns: str, limit: str) -> None:
     env.cluster.kube.core.create_namespaced_pod(
         ns,
         {
-            "metadata": {"name": "source", "annotations": {c.ANNOTATION_CAPTURE_TOKEN: capture_token(env, ns)}},
+            "metadata": {
+                "name": "source",
+                "annotations": {c.ANNOTATION_CAPTURE_TOKEN: capture_token(env, ns, job="golden")},
+            },
             "spec": {"containers": [{"name": "main", "image": "worker:1", "resources": {"limits": {"memory": limit}}}]},
         },
     )

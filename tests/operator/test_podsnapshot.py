@@ -80,7 +80,7 @@ def test_content_of_another_node_is_left_to_that_nodes_agent(env: Env, ns: str) 
     wait_for(lambda: cond_is(get_snap(env, ns, "s"), c.COND_READY, "False", c.REASON_PENDING), what="Pending")
     # a positive signal instead of a pause: a later content of node-a's is captured, so node-b's, which
     # came first, would have reached the agent by then had its watch not filtered it out
-    running_pod(env, ns, "marker")
+    running_pod(env, ns, "marker", job="m")
     env.cluster.create(c.PLURAL_POD_SNAPSHOTS, podsnapshot("m", "marker"), ns)
     wait_for(lambda: cond_is(get_snap(env, ns, "m"), c.COND_READY), what="node-a's own content captured")
     assert not env.executor.of("capture", "p", ns), "the agent of node-a must not capture node-b's content"
@@ -172,12 +172,12 @@ def test_agent_pickup_latency(env: Env, ns: str, capsys: pytest.CaptureFixture[s
     t = threading.Thread(target=watcher, daemon=True)
     t.start()
     # the watch is live once it reports a content created after it started
-    running_pod(env, ns, "warm")
+    running_pod(env, ns, "warm", job="warm")
     warm = env.cluster.create(c.PLURAL_POD_SNAPSHOTS, podsnapshot("warm", "warm"), ns)
     wait_for(lambda: c.content_name(warm["metadata"]["uid"]) in added, what="the test's watch to be live")
     pickups, end_to_end = [], []
     for i in range(5):
-        running_pod(env, ns, f"p{i}")
+        running_pod(env, ns, f"p{i}", job=f"s{i}")
         t0 = time.monotonic()
         snap = env.cluster.create(c.PLURAL_POD_SNAPSHOTS, podsnapshot(f"s{i}", f"p{i}"), ns)
         name = c.content_name(snap["metadata"]["uid"])
@@ -194,3 +194,4 @@ def test_agent_pickup_latency(env: Env, ns: str, capsys: pytest.CaptureFixture[s
             f"{statistics.median(end_to_end) * 1000:.0f} ms, max {max(end_to_end) * 1000:.0f} ms (n=5)"
         )
     assert max(pickups) < 5.0
+

@@ -183,7 +183,7 @@ def statefulset(name: str, replicas: int, template: dict[str, Any]) -> dict[str,
 
 def test_immediate_statefulset_reuses_a_checkpoint_and_retains_it(env: Env, ns: str, tmp_path: Path) -> None:
     """Immediate: pods made before Ready start cold; pods made after restore. checkpointRef skips capture."""
-    running_pod(env, ns, "source")
+    running_pod(env, ns, "source", job="golden")
     env.cluster.create(c.PLURAL_POD_SNAPSHOTS, podsnapshot("golden", "source"), ns)
     wait_for(lambda: cond_is(env.cluster.get(c.PLURAL_POD_SNAPSHOTS, "golden", ns), c.COND_READY), what="golden Ready")
 

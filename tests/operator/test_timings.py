@@ -59,7 +59,7 @@ def test_capture_and_restore_timings_land_on_the_objects_and_in_status(env: Env,
     control = tmp_path / "control"
     control.mkdir()
     # a capture source as a SnapshotJob's pod is: marked with the operator's capture token
-    source = {"name": "source", "annotations": {c.ANNOTATION_CAPTURE_TOKEN: capture_token(env, ns)}}
+    source = {"name": "source", "annotations": {c.ANNOTATION_CAPTURE_TOKEN: capture_token(env, ns, job="snap")}}
     run_pod(env, ns, "source", {"metadata": source, "spec": {"containers": [container(control)]}}, control)
     env.cluster.create(
         c.PLURAL_POD_SNAPSHOTS,

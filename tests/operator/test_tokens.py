@@ -15,6 +15,7 @@ from tests.support.harness import condition
 from tests.support.operator_env import (
     NODE,
     Env,
+    capture_pod,
     capture_token,
     deployment,
     failed_with,
@@ -26,6 +27,7 @@ from tests.support.operator_env import (
     ready_policy,
     restore_token,
     running_pod,
+    snapshot_job,
 )
 from tests.support.waiting import wait_for
 
@@ -78,6 +80,55 @@ def test_labels_and_a_forged_or_foreign_token_do_not_make_a_capture_source(env: 
         snap = failed_with(env, ns, f"s-{name}", c.REASON_NOT_A_CAPTURE_SOURCE)
         assert why in condition(snap, c.COND_FAILED)["message"], snap  # type: ignore[index]
         assert not env.executor.of("capture", name, ns)
+
+
+def test_a_capture_token_copied_onto_another_pod_is_refused(env: Env, ns: str) -> None:
+    """Finding 10, the attack: the capture token of a SnapshotJob's pod (readable by anyone who can read the
+    pod) copied onto another pod of the namespace, then a PodSnapshot written by hand for that pod. The token
+    names its SnapshotJob, whose PodSnapshot carries its name; no other PodSnapshot may use it. The agent
+    checks the same on its own (a content written by hand, with the operator's check skipped)."""
+    env.cluster.create(c.PLURAL_SNAPSHOT_JOBS, snapshot_job("cap"), ns)
+    copied = capture_pod(env, ns, "cap")["metadata"]["annotations"][c.ANNOTATION_CAPTURE_TOKEN]
+    assert env.operator_ctx.tokens.verify(copied) == Claims(CAPTURE, ns, "main", "cap")
+    pod, _ = running_pod(env, ns, "db", token=copied)
+    env.cluster.create(c.PLURAL_POD_SNAPSHOTS, podsnapshot("steal", "db"), ns)
+    snap = failed_with(env, ns, "steal", c.REASON_NOT_A_CAPTURE_SOURCE)
+    assert "it is for 'cap', not 'steal'" in condition(snap, c.COND_FAILED)["message"], snap  # type: ignore[index]
+    assert wait_for(lambda: events(env, ns, c.REASON_NOT_A_CAPTURE_SOURCE, "steal"), what="a Warning Event")
+    assert content_of(env, ns, "steal") is None, "no work order reaches any agent"
+
+    name = f"{c.CONTENT_NAME_PREFIX}{ns}-copied"[:63]
+    env.cluster.create(c.PLURAL_POD_SNAPSHOT_CONTENTS, handmade_content(name, ns, "steal", pod))
+    try:
+        failed = wait_for(
+            lambda: condition(env.cluster.get(c.PLURAL_POD_SNAPSHOT_CONTENTS, name), c.COND_FAILED),
+            what="the agent's verdict",
+        )
+        assert failed["reason"] == c.REASON_NOT_A_CAPTURE_SOURCE and "it is for 'cap', not 'steal'" in failed["message"]
+        assert not env.executor.of("capture", "db", ns)
+    finally:
+        env.cluster.kube.delete_cr(c.PLURAL_POD_SNAPSHOT_CONTENTS, name)
+
+
+def handmade_content(name: str, ns: str, snapshot: str, pod: dict[str, Any]) -> dict[str, Any]:
+    """A work order for node-a's agent written by hand (someone with rights on the cluster-scoped contents)."""
+    return {
+        "kind": c.KIND_POD_SNAPSHOT_CONTENT,
+        "metadata": {"name": name, "labels": {c.LABEL_SNAPSHOT_NODE: NODE}},
+        "spec": {
+            "podSnapshotRef": {"namespace": ns, "name": snapshot, "uid": "0"},
+            "source": {
+                "podRef": {
+                    "namespace": ns,
+                    "name": pod["metadata"]["name"],
+                    "uid": pod["metadata"]["uid"],
+                    "containers": ["main"],
+                }
+            },
+            "nodeName": NODE,
+            "artifactPath": f"{ns}/{snapshot}",
+        },
+    }
 
 
 def test_the_agent_itself_refuses_a_work_order_for_an_unmarked_pod(env: Env, ns: str) -> None:

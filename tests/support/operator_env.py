@@ -296,8 +296,9 @@ def kubelet_starts_capture_pod(env: Env, ns: str, job: str, *, ready: bool = Tru
     return pod, proc
 
 
-def capture_token(env: Env, ns: str, container: str = "main", job: str = "test") -> str:
-    """What the operator puts on a SnapshotJob's pod template: the mark of a capture source."""
+def capture_token(env: Env, ns: str, container: str = "main", job: str = "s") -> str:
+    """What the operator puts on a SnapshotJob's pod template: the mark of a capture source, for the
+    PodSnapshot of SnapshotJob `job` (which a SnapshotJob names after itself)."""
     return env.operator_ctx.tokens.mint(Claims(CAPTURE, ns, container, job))
 
 
@@ -307,13 +308,20 @@ def restore_token(env: Env, ns: str, snapshot: str, container: str = "main", *, 
 
 
 def running_pod(
-    env: Env, ns: str, name: str, node: str = NODE, *, ready: bool = True, token: str | None = "mint"
+    env: Env,
+    ns: str,
+    name: str,
+    node: str = NODE,
+    *,
+    ready: bool = True,
+    token: str | None = "mint",
+    job: str = "s",
 ) -> tuple[dict[str, Any], Any]:
     """A pod the kubelet (played here) has started on `node`; returns (pod, its container process). It carries a
-    valid capture token (as a SnapshotJob's pod does) unless `token` is None or another value."""
-    annotations = (
-        {} if token is None else {c.ANNOTATION_CAPTURE_TOKEN: capture_token(env, ns) if token == "mint" else token}
-    )
+    valid capture token (as a SnapshotJob's pod does), for PodSnapshot `job`, unless `token` is None or another
+    value."""
+    minted = capture_token(env, ns, job=job) if token == "mint" else token
+    annotations = {} if minted is None else {c.ANNOTATION_CAPTURE_TOKEN: minted}
     env.cluster.kube.core.create_namespaced_pod(
         ns,
         {
@@ -408,6 +416,6 @@ def shaped(pod: dict[str, Any]) -> bool:
 
 
 def golden(env: Env, ns: str) -> None:
-    running_pod(env, ns, "source")
+    running_pod(env, ns, "source", job="golden")
     env.cluster.create(c.PLURAL_POD_SNAPSHOTS, podsnapshot("golden", "source"), ns)
     wait_for(lambda: cond_is(env.cluster.get(c.PLURAL_POD_SNAPSHOTS, "golden", ns), c.COND_READY), what="golden Ready")

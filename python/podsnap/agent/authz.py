@@ -34,10 +34,10 @@ def _where(pod: Mapping[str, Any]) -> tuple[str, str]:
     return str(meta.get("namespace") or ""), str(meta.get("name") or "")
 
 
-def capture_source(tokens: TokenKey, pod: Mapping[str, Any], container: str) -> Claims:
-    """The capture token of a source pod, or Refused (NotACaptureSource)."""
+def capture_source(tokens: TokenKey, pod: Mapping[str, Any], container: str, *, job: str) -> Claims:
+    """The capture token of a source pod, made for SnapshotJob `job`, or Refused (NotACaptureSource)."""
     try:
-        return capture_claims(tokens, pod, container)
+        return capture_claims(tokens, pod, container, job=job)
     except InvalidToken as exc:
         raise Refused(not_a_capture_source(*_where(pod), exc), reason=c.REASON_NOT_A_CAPTURE_SOURCE) from None
 

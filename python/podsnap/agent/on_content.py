@@ -148,8 +148,8 @@ def _request(ctx: AgentContext, name: str, spec: Mapping[str, Any]) -> CaptureRe
         raise ExecutionError(
             f"pod runs on {pod['spec'].get('nodeName')}, not on {ctx.config.node_name}", reason=c.REASON_POD_NOT_FOUND
         )
-    # only a pod the operator made a capture source (a SnapshotJob's), for this namespace and container
-    capture_source(ctx.tokens, pod, container)
+    # only a pod the operator made a capture source (a SnapshotJob's), for this namespace, container and job
+    capture_source(ctx.tokens, pod, container, job=str((spec.get("podSnapshotRef") or {}).get("name") or ""))
     if not pod_ready(pod):
         raise kopf.TemporaryError("the source pod is not Ready (no ready-for-snapshot yet)", delay=1)
     statuses = {s["name"]: s for s in (pod.get("status") or {}).get("containerStatuses") or []}

@@ -13,8 +13,10 @@ names exactly what the agent is asked to do:
   restore  namespace, container, the PodSnapshot to restore, and whether the soft compatibility
            gates are skipped (set from the SnapshotPolicy, never from the pod's own annotations)
 
-A token is readable by anyone who can read the pod, and can be copied. Copied within its namespace it
-gains nothing: placing it on a pod takes create or patch rights on pods there, which already give
+A token is readable by anyone who can read the pod, and can be copied. A capture token serves only the
+PodSnapshot of its own SnapshotJob (which the SnapshotJob names after itself), so copied onto another pod
+it does not make that pod capturable by a PodSnapshot written by hand. Copied within its namespace it
+gains nothing else: placing it on a pod takes create or patch rights on pods there, which already give
 everything a capture or a restore could (run any image with any of the namespace's ServiceAccounts and
 Secrets, replace a container's image, delete the pod), and a restore only ever reads artifacts captured
 in that same namespace. Copied to another namespace it fails: the namespace is part of what is signed.
@@ -30,6 +32,7 @@ import binascii
 import hashlib
 import hmac
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -43,6 +46,10 @@ DOMAIN = f"{c.GROUP}/token/{VERSION}."
 KEY_FILE = "key"
 #: at least 128 bits of key
 MIN_KEY_BYTES = 16
+#: far above any token podsnap mints (names are at most 253 characters each): a longer one is refused unread
+MAX_TOKEN_CHARS = 4096
+
+_B64URL = re.compile(r"[A-Za-z0-9_-]+")
 
 CAPTURE = "capture"
 RESTORE = "restore"
@@ -104,19 +111,29 @@ class TokenKey:
         return f"{VERSION}.{payload}.{_b64(self._mac(payload))}"
 
     def verify(self, token: str | None) -> Claims:
-        """The claims of a token podsnap signed; InvalidToken otherwise."""
+        """The claims of a token podsnap signed; InvalidToken otherwise.
+
+        Nothing of a token is parsed before its MAC verifies: the claims are read only once they are known to
+        be podsnap's own (a crafted payload, say JSON nested a million deep, never reaches the parser), and a
+        token longer than any podsnap mints is refused unread. Every failure is an InvalidToken, so a caller
+        that handles that handles every token a user can write."""
         if not token:
             raise InvalidToken("it has none")
+        if len(token) > MAX_TOKEN_CHARS:
+            raise InvalidToken(f"it is {len(token)} characters long; podsnap's are under {MAX_TOKEN_CHARS}")
         parts = token.strip().split(".")
-        if len(parts) != 3 or parts[0] != VERSION:
+        if len(parts) != 3 or parts[0] != VERSION or not all(_B64URL.fullmatch(part) for part in parts[1:]):
             raise InvalidToken("it is not a podsnap token")
         try:
             mac = _unb64(parts[2])
-            data: Any = json.loads(_unb64(parts[1]))
         except (binascii.Error, ValueError):
             raise InvalidToken("it is not a podsnap token") from None
         if not hmac.compare_digest(mac, self._mac(parts[1])):
             raise InvalidToken("it is not signed with this installation's key")
+        try:
+            data: Any = json.loads(_unb64(parts[1]))
+        except (binascii.Error, ValueError, RecursionError):
+            raise InvalidToken("it is not a podsnap token") from None
         if not isinstance(data, dict):
             raise InvalidToken("it is not a podsnap token")
         try:
@@ -146,11 +163,13 @@ def _annotations(pod: Mapping[str, Any]) -> Mapping[str, str]:
     return (pod.get("metadata") or {}).get("annotations") or {}
 
 
-def capture_claims(key: TokenKey, pod: Mapping[str, Any], container: str) -> Claims:
-    """The capture token of `pod`, valid for its namespace and `container`; InvalidToken says why not."""
+def capture_claims(key: TokenKey, pod: Mapping[str, Any], container: str, *, job: str) -> Claims:
+    """The capture token of `pod`, valid for its namespace, `container` and SnapshotJob `job` (the one whose
+    PodSnapshot asks for the capture: a SnapshotJob names its PodSnapshot after itself); InvalidToken says
+    why not."""
     namespace = str((pod.get("metadata") or {}).get("namespace") or "")
     claims = key.verify(_annotations(pod).get(c.ANNOTATION_CAPTURE_TOKEN))
-    _check(claims, kind=CAPTURE, namespace=namespace, container=container, subject=None)
+    _check(claims, kind=CAPTURE, namespace=namespace, container=container, subject=job)
     return claims
 
 

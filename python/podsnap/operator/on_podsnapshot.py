@@ -118,7 +118,7 @@ def podsnapshot_bind(
     if containers[0] not in names:
         _fail(ctx, body, patch, c.REASON_CONTAINER_NOT_FOUND, f"container {containers[0]!r} not in pod ({names})")
     try:
-        capture_claims(ctx.tokens, pod, containers[0])
+        capture_claims(ctx.tokens, pod, containers[0], job=name)
     except InvalidToken as exc:
         _fail(ctx, body, patch, c.REASON_NOT_A_CAPTURE_SOURCE, not_a_capture_source(namespace, ref["name"], exc))
     if not pod["spec"].get("nodeName"):
