@@ -22,6 +22,7 @@ from tests.support.operator_env import (
     podsnapshot,
     running_pod,
 )
+from tests.support.users import User, rule
 from tests.support.waiting import wait_for
 
 
@@ -195,3 +196,34 @@ def test_agent_pickup_latency(env: Env, ns: str, capsys: pytest.CaptureFixture[s
         )
     assert max(pickups) < 5.0
 
+
+def test_deleting_a_snapshot_deletes_only_its_own_content_whatever_its_status_names(env: Env, ns: str) -> None:
+    """Finding 7: the attack is a namespace user who may write their PodSnapshot's status pointing
+    status.boundSnapshotContentName at another namespace's content, then deleting the snapshot (the operator's
+    delete handler deleted the content named there, and with it the victim's artifact)."""
+    victim_ns = env.cluster.namespace(f"{ns}-victim"[:63])
+    running_pod(env, victim_ns, "p")
+    victim = env.cluster.create(c.PLURAL_POD_SNAPSHOTS, podsnapshot("s", "p"), victim_ns)
+    victim_content = c.content_name(victim["metadata"]["uid"])
+    wait_for(lambda: cond_is(get_snap(env, victim_ns, "s"), c.COND_READY), what="the victim's snapshot Ready")
+
+    mallory = User(env.cluster, ns, "mallory")
+    mallory.grant(
+        rule("get create delete", "pods pods/exec"),
+        rule("get list create delete patch", "podsnapshots podsnapshots/status", c.GROUP),
+    )
+    running_pod(env, ns, "mine", token=None)
+    mallory.kube.custom.create_namespaced_custom_object(
+        c.GROUP, c.VERSION, ns, c.PLURAL_POD_SNAPSHOTS, {"apiVersion": c.API_VERSION, **podsnapshot("s", "mine")}
+    )
+    failed_with(env, ns, "s", c.REASON_NOT_A_CAPTURE_SOURCE)  # terminal: nothing of the operator's rewrites it
+    mallory.kube.custom.patch_namespaced_custom_object_status(
+        c.GROUP, c.VERSION, ns, c.PLURAL_POD_SNAPSHOTS, "s", {"status": {"boundSnapshotContentName": victim_content}}
+    )
+    mallory.kube.custom.delete_namespaced_custom_object(c.GROUP, c.VERSION, ns, c.PLURAL_POD_SNAPSHOTS, "s")
+    wait_for(lambda: get_snap(env, ns, "s") is None, what="mallory's snapshot gone")
+
+    content = env.cluster.get(c.PLURAL_POD_SNAPSHOT_CONTENTS, victim_content)
+    assert content is not None and not content["metadata"].get("deletionTimestamp"), content
+    assert (env.artifact_root / content["spec"]["artifactPath"] / "manifest.json").exists()
+    assert cond_is(get_snap(env, victim_ns, "s"), c.COND_READY)

@@ -165,12 +165,13 @@ def mirror(snapshot: dict[str, Any], content: Mapping[str, Any]) -> bool:
 
 
 @kopf.timer(*SNAPSHOTS, registry=registry, interval=3.0, initial_delay=3.0, when=_not_terminal)
-def podsnapshot_resync(*, status: kopf.Status, memo: Any, logger: kopf.Logger, **_: Any) -> None:
+def podsnapshot_resync(*, status: kopf.Status, uid: str, memo: Any, logger: kopf.Logger, **_: Any) -> None:
     """Event handlers are not retried: if a content event was lost (an API error while mirroring), this
-    level-triggered pass mirrors the content's current status onto a snapshot that is still pending."""
-    name = status.get("boundSnapshotContentName")
-    if not name:
+    level-triggered pass mirrors the content's current status onto a snapshot that is still pending. The
+    content is the one named after the snapshot's uid, whatever its (user-writable) status names."""
+    if not status.get("boundSnapshotContentName"):
         return
+    name = c.content_name(uid)
     ctx = ctx_of(memo)
     content = ctx.kube.get_cr(c.PLURAL_POD_SNAPSHOT_CONTENTS, name)
     if content is not None and not (content.get("metadata") or {}).get("deletionTimestamp"):
@@ -218,14 +219,28 @@ def mirror_content(ctx: OperatorContext, body: Mapping[str, Any]) -> None:
         event(updated, type_="Warning", reason=str(failed.get("reason")), message=str(failed.get("message")))
 
 
+def own_content(content: Mapping[str, Any] | None, *, namespace: str, name: str, uid: str) -> bool:
+    """Whether `content` is the one this snapshot made: bound back to it by namespace, name and uid."""
+    ref = ((content or {}).get("spec") or {}).get("podSnapshotRef") or {}
+    return (ref.get("namespace"), ref.get("name"), ref.get("uid")) == (namespace, name, uid)
+
+
 @kopf.on.delete(*SNAPSHOTS, registry=registry)
-def podsnapshot_delete(*, status: kopf.Status, uid: str, body: kopf.Body, memo: Any, **_: Any) -> None:
+def podsnapshot_delete(
+    *, name: str, namespace: str | None, uid: str, body: kopf.Body, memo: Any, logger: kopf.Logger, **_: Any
+) -> None:
+    """Deleting a PodSnapshot deletes its own content, and no other: the one named after its uid whose
+    podSnapshotRef names it back. status.boundSnapshotContentName is never read here: a user who may write
+    the status could point it at another namespace's content."""
     ctx = ctx_of(memo)
-    name = status.get("boundSnapshotContentName") or c.content_name(uid)
-    content = ctx.kube.get_cr(c.PLURAL_POD_SNAPSHOT_CONTENTS, name)
+    content_name = c.content_name(uid)
+    content = ctx.kube.get_cr(c.PLURAL_POD_SNAPSHOT_CONTENTS, content_name)
     if content is None:
         return
+    if not own_content(content, namespace=require_ns(namespace), name=name, uid=uid):
+        logger.warning(f"{content_name} is bound to another snapshot; left as it is")
+        return
     if not content["metadata"].get("deletionTimestamp"):
-        ctx.kube.delete_cr(c.PLURAL_POD_SNAPSHOT_CONTENTS, name)
-        event(body, type_="Normal", reason="ContentDeleting", message=f"deleting {name} and its artifact")
-    raise kopf.TemporaryError(f"waiting for {name} to release its artifact", delay=1)
+        ctx.kube.delete_cr(c.PLURAL_POD_SNAPSHOT_CONTENTS, content_name)
+        event(body, type_="Normal", reason="ContentDeleting", message=f"deleting {content_name} and its artifact")
+    raise kopf.TemporaryError(f"waiting for {content_name} to release its artifact", delay=1)
