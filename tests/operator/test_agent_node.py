@@ -10,7 +10,9 @@ from typing import Any
 
 from podsnap import contract as c
 from podsnap.kube.client import Credentials, Kube
-from tests.support.operator_env import NODE, OTHER_NODE, Env, agent_kubeconfig
+from podsnap.operator.on_agent_requests import AGENT_LABELS
+from tests.support.harness import RELEASE_NS
+from tests.support.operator_env import AGENT_SA, NODE, OTHER_NODE, Env, agent_kubeconfig
 from tests.support.users import denied
 from tests.support.waiting import wait_for
 
@@ -247,3 +249,59 @@ def test_the_operator_may_only_remove_placement_labels_of_a_node(env: Env) -> No
         assert c.LABEL_NODE_KERNEL not in got.metadata.labels
     finally:
         admin.patch_node(OTHER_NODE, {"metadata": {"labels": {c.LABEL_NODE_KERNEL: None}}})
+
+
+def test_an_agent_may_not_relabel_its_own_pod_or_any_pod_of_podsnaps_namespace(env: Env, ns: str) -> None:
+    """Finding 5, the attack: node-a's agent drops `app.kubernetes.io/part-of` from its own pod (no selector
+    label, so its DaemonSet keeps it), after which the webhook took it for "no agent" and let everything
+    through. Its own pod, and every other pod of podsnap's namespace, is refused to it."""
+    agent = as_agent(env.agent_kubeconfig)
+    own = f"{AGENT_SA}-{NODE}"
+    for change in (
+        {"metadata": {"labels": {"app.kubernetes.io/part-of": None}}},
+        {"metadata": {"labels": {"app.kubernetes.io/component": "worker"}}},
+        {"metadata": {"annotations": {"podsnap.io/test": "x"}}},
+    ):
+        exc = denied(agent.core.patch_namespaced_pod, own, RELEASE_NS, change)
+        assert exc.status == 403 and "the pods of podsnap's own namespace" in str(exc.body), exc.body
+    exc = denied(
+        agent.core.patch_namespaced_pod_status, own, RELEASE_NS, {"status": {"conditions": [{"type": "Ready"}]}}
+    )
+    assert exc.status == 403, exc.body
+    labels = env.cluster.kube.core.read_namespaced_pod(own, RELEASE_NS).metadata.labels
+    assert all(labels.get(k) == v for k, v in AGENT_LABELS.items()), labels
+
+
+def test_an_agent_whose_pod_lost_its_labels_is_still_held_to_its_node(env: Env, ns: str) -> None:
+    """Finding 5: what the relabelling would have reached, done by the admin: node-a's agent pod without any
+    agent label. Its requests are still its (told by its ServiceAccount and bound pod): node-b's pod, node-b's
+    Node and a content of node-b stay refused. The same ServiceAccount's token bound to no pod (the legacy
+    Secret token of 1.20) may change none of them either."""
+    pod_on(env, ns, "theirs", OTHER_NODE)
+    admin, own = env.cluster.kube.core, f"{AGENT_SA}-{NODE}"
+    label = {"metadata": {"labels": {"app": "stolen"}}}
+    agent = as_agent(env.agent_kubeconfig)
+    admin.patch_namespaced_pod(own, RELEASE_NS, {"metadata": {"labels": dict.fromkeys(AGENT_LABELS)}})
+    theirs = created_content(env, "agent-node-unlabelled", OTHER_NODE)
+    try:
+        exc = denied(agent.core.patch_namespaced_pod, "theirs", ns, label)
+        refused_for(exc, NODE, f"pod {ns}/theirs", f"node {OTHER_NODE}")
+        exc = denied(agent.core.patch_node, OTHER_NODE, {"metadata": {"labels": {c.LABEL_NODE_KERNEL: "x"}}})
+        refused_for(exc, NODE, f"Node {OTHER_NODE}", f"node {OTHER_NODE}")
+        exc = denied(
+            agent.custom.patch_cluster_custom_object,
+            c.GROUP,
+            c.VERSION,
+            c.PLURAL_POD_SNAPSHOT_CONTENTS,
+            theirs,
+            {"spec": {"artifactPath": "other-namespace/secret"}},
+        )
+        refused_for(exc, NODE, f"PodSnapshotContent {theirs}", f"node {OTHER_NODE}")
+    finally:
+        admin.patch_namespaced_pod(own, RELEASE_NS, {"metadata": {"labels": dict(AGENT_LABELS)}})
+        delete_content(env, theirs)
+
+    legacy = as_agent(env.agent_kubeconfig.parent / "legacy.kubeconfig")
+    exc = denied(legacy.core.patch_namespaced_pod, "theirs", ns, label)
+    assert exc.status == 403 and "is not bound to a pod" in str(exc.body), exc.body
+    assert "app" not in (admin.read_namespaced_pod("theirs", ns).metadata.labels or {})

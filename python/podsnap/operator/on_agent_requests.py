@@ -21,9 +21,15 @@ The operator itself may patch Nodes (with placement on) only to remove placement
 is gone (operator/stale_placement.py); RBAC cannot narrow a patch to labels, so the nodes hook holds the
 operator's own ServiceAccount to that too: a token of it used for anything else of a Node is refused.
 
-A token whose pod is gone, or has another uid, is refused too (the API server already rejects tokens of
-deleted pods; this covers a pod recreated under the same name). Requests from anyone else pass at once,
-on the event loop. What this cannot restrict, and why, is in docs/security.md (reads, Events).
+An agent is told by who sends the request, never by anything it could change itself: its user name (a
+ServiceAccount of the release namespace other than the operator's own; the chart puts nothing else there)
+and the pod its token is bound to. Labels on that pod count for nothing (the agent may patch pods, and a pod
+it relabelled must not pass as "no agent"); an agent may change no pod of the release namespace at all (its
+own included), and a token of such a ServiceAccount that names no pod (the legacy Secret token of 1.20) is
+refused, since it cannot be placed on a node. A token whose pod is gone, or has another uid, is refused too
+(the API server already rejects tokens of deleted pods; this covers a pod recreated under the same name).
+Requests from anyone else pass at once, on the event loop. What this cannot restrict, and why, is in
+docs/security.md (reads, Events).
 """
 
 from __future__ import annotations
@@ -48,8 +54,10 @@ VALIDATE_AGENT_NODES = "validate-agent-nodes"
 #: what the API server puts in the user info of a token bound to a pod
 EXTRA_POD_NAME = "authentication.kubernetes.io/pod-name"
 EXTRA_POD_UID = "authentication.kubernetes.io/pod-uid"
-#: the agent's pods carry these (the chart's podsnap.labels with component agent)
+#: the labels of the chart's agent pods (podsnap.labels with component agent), by which orphans.py finds the
+#: live agents; they never tell this webhook who is an agent (is_agent)
 AGENT_LABELS = {"app.kubernetes.io/component": c.COMPONENT_AGENT, "app.kubernetes.io/part-of": "podsnap"}
+SA_PREFIX = "system:serviceaccount:"
 
 OPERATIONS: tuple[Literal["UPDATE"]] = ("UPDATE",)
 
@@ -65,21 +73,41 @@ def _first(values: Any) -> str:
 
 def own_namespace(ctx: OperatorContext) -> str | None:
     """The operator's namespace (the release's, where the agents run), from its own ServiceAccount."""
-    parts = (username_from_token(ctx.credentials.token) or "").split(":")
-    return parts[2] if len(parts) == 4 and parts[:2] == ["system", "serviceaccount"] else None
+    return namespace_of(username_from_token(ctx.credentials.token) or "")
 
 
-def agent_node(ctx: OperatorContext, userinfo: Mapping[str, Any]) -> str | None:
-    """The node of the agent that sent this request; None when the requester is not a podsnap agent.
+def namespace_of(username: str) -> str | None:
+    """The namespace of a ServiceAccount's user name (`system:serviceaccount:<namespace>:<name>`)."""
+    parts = username.split(":")
+    return parts[2] if len(parts) == 4 and username.startswith(SA_PREFIX) and parts[2] else None
 
-    Raises kopf.AdmissionError for an agent's token whose pod no longer matches it.
+
+def is_agent(ctx: OperatorContext, username: str) -> bool:
+    """Whether a request comes from an agent: from a ServiceAccount of the operator's namespace other than the
+    operator's own. That namespace holds podsnap's components alone, so any other ServiceAccount there is
+    treated as the agent's (which can only restrict it); whatever such a pod does to its labels changes
+    nothing here."""
+    namespace = own_namespace(ctx)
+    return bool(namespace) and namespace_of(username) == namespace and username != operator_username(ctx)
+
+
+def agent_node(ctx: OperatorContext, userinfo: Mapping[str, Any]) -> str:
+    """The node of the agent that sent this request (is_agent), from the pod its token is bound to.
+
+    Raises kopf.AdmissionError when the token names no pod, or a pod that no longer matches it, or one on no
+    node: such a token cannot be placed on a node, so it may change nothing an agent could.
     """
     extra = userinfo.get("extra") or {}
     pod_name, pod_uid = _first(extra.get(EXTRA_POD_NAME)), _first(extra.get(EXTRA_POD_UID))
-    namespace = own_namespace(ctx)
     username = str(userinfo.get("username") or "")
-    if not pod_name or not namespace or not username.startswith(f"system:serviceaccount:{namespace}:"):
-        return None
+    namespace = namespace_of(username) or ""
+    if not pod_name:
+        raise kopf.AdmissionError(
+            f"{username} is a ServiceAccount of podsnap's namespace {namespace}, and its token is not bound to a "
+            f"pod, so it cannot be placed on a node; the agent uses the token the chart binds to its pod "
+            f"(a projected serviceAccountToken)",
+            code=403,
+        )
     pod = get_or_none(ctx.kube.core.read_namespaced_pod, pod_name, namespace)
     if pod is None or pod.metadata.uid != pod_uid:
         raise kopf.AdmissionError(
@@ -87,10 +115,12 @@ def agent_node(ctx: OperatorContext, userinfo: Mapping[str, Any]) -> str | None:
             f"exists; restart the agent so it reads its new token",
             code=403,
         )
-    labels = pod.metadata.labels or {}
-    if any(labels.get(key) != value for key, value in AGENT_LABELS.items()):
-        return None
-    return str(pod.spec.node_name or "") or None
+    node = str(pod.spec.node_name or "")
+    if not node:
+        raise kopf.AdmissionError(
+            f"{username}: the token is bound to pod {namespace}/{pod_name}, which is on no node", code=403
+        )
+    return node
 
 
 def _refuse(username: str, node: str, what: str, where: str) -> kopf.AdmissionError:
@@ -106,6 +136,14 @@ def check_pod(node: str, username: str, body: Mapping[str, Any], old: Mapping[st
         if obj is None:
             continue
         meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+        if meta.get("namespace") == namespace_of(username):
+            # its own pod among them: relabelled, it could leave its DaemonSet and linger on as a second agent
+            raise kopf.AdmissionError(
+                f"{username} is the podsnap agent of node {node} and may not change pod {meta.get('namespace')}/"
+                f"{meta.get('name')}: the pods of podsnap's own namespace (its agents', the operator's) are no "
+                f"agent's to change",
+                code=403,
+            )
         on = str(spec.get("nodeName") or "")
         if on != node:
             what = f"pod {meta.get('namespace')}/{meta.get('name')}"
@@ -226,12 +264,9 @@ async def _validate(
             old = await loop.run_in_executor(REVIEWS, stored, ctx, body)
         operator_check(username, body, old)
         return
-    extra = userinfo.get("extra") or {}
-    if not extra.get(EXTRA_POD_NAME):
-        return  # not a token bound to a pod: no agent of the chart's (answered on the event loop)
+    if not is_agent(ctx, username):
+        return  # answered on the event loop
     node = await loop.run_in_executor(REVIEWS, agent_node, ctx, userinfo)
-    if node is None:
-        return
     if stored is not None:
         old = await loop.run_in_executor(REVIEWS, stored, ctx, body)
     check(node, str(userinfo.get("username")), body, old)
