@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from podsnap import contract as c
 from podsnap.agent.executor import IncompatibleError
@@ -91,3 +92,37 @@ def test_incompatible_restore_and_skip_annotation(env: Env, ns: str, tmp_path: P
     assert env.executor.of("restore", name, ns)[0].request.skip_compat is False
     assert got["metadata"]["annotations"][c.ANNOTATION_SKIP_COMPAT_CHECK] == "false", "the webhook says what applies"
     assert not (control / c.FILE_RESTORE_COMPLETE).exists()
+
+
+def test_a_pod_naming_another_namespaces_replicaset_is_not_shaped_with_its_policy(
+    env: Env, ns: str, tmp_path: Path
+) -> None:
+    """Finding 9, the attack: a pod created with no metadata.namespace (what kubectl run sends) whose
+    ownerReference names another namespace's ReplicaSet, by name and uid (both readable wherever the
+    ReplicaSet is). The webhook took the pod's namespace from the object, found none, and looked the owner up
+    cluster-wide: the pod was shaped with the other namespace's policy (its restore token, its checkpoint).
+    The owner is looked up only in the namespace of the admission request."""
+    victim = env.cluster.namespace(f"{ns}-victim"[:63])
+    golden(env, victim)
+    template = pod_template("web", tmp_path / "ctl")
+    env.cluster.kube.apps.create_namespaced_deployment(victim, deployment("web", 0, template))
+    env.cluster.create(
+        c.PLURAL_SNAPSHOT_POLICIES, policy("pol", "Deployment", "web", checkpointRef={"name": "golden"}), victim
+    )
+    ready_policy(env, victim, "pol")
+    rs = wait_for(lambda: env.cluster.kube.apps.list_namespaced_replica_set(victim).items, what="the ReplicaSet")[0]
+    owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs.metadata.name, "uid": rs.metadata.uid}
+
+    def pod(name: str) -> dict[str, Any]:
+        meta = {**template["metadata"], "name": name, "ownerReferences": [{**owner, "controller": True}]}
+        assert "namespace" not in meta
+        return {"metadata": meta, "spec": template["spec"]}
+
+    core = env.cluster.kube.core
+    stolen = env.cluster.kube.sanitize(core.create_namespaced_pod(ns, pod("stolen")))
+    assert not shaped(stolen), stolen["metadata"]
+    assert c.ANNOTATION_RESTORE_TOKEN not in (stolen["metadata"].get("annotations") or {})
+    assert stolen["spec"]["containers"][0]["command"] == ["python", "-m", "worker"]
+    # the same pod in the ReplicaSet's own namespace is the workload's: shaped (so the refusal above is the fix's)
+    own = env.cluster.kube.sanitize(core.create_namespaced_pod(victim, pod("own")))
+    assert shaped(own) and own["metadata"]["annotations"][c.ANNOTATION_RESTORE_FROM] == "golden", own["metadata"]

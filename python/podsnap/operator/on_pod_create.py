@@ -35,26 +35,23 @@ def controller_of(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return next((r for r in meta.get("ownerReferences") or [] if r.get("controller")), None)
 
 
-def _read_owned(kube: Kube, kind: str, ref: Mapping[str, Any], namespace: str | None) -> dict[str, Any] | None:
-    """The object `ref` points at. Admission requests carry the namespace outside the pod (which kopf does not
-    pass on), and a controller's new pod has none of its own, so without it the owner is found by uid."""
+def _read_owned(kube: Kube, kind: str, ref: Mapping[str, Any], namespace: str) -> dict[str, Any] | None:
+    """The object `ref` points at, in the pod's own namespace (the admission request's): an ownerReference
+    names no namespace, and one that a pod's author wrote must never reach another namespace's workload."""
     if kind == "ReplicaSet":
-        read, list_all = kube.apps.read_namespaced_replica_set, kube.apps.list_replica_set_for_all_namespaces
+        obj = get_or_none(kube.apps.read_namespaced_replica_set, ref["name"], namespace)
     else:
-        read, list_all = kube.apps.read_namespaced_stateful_set, kube.apps.list_stateful_set_for_all_namespaces
-    if namespace:
-        obj = get_or_none(read, ref["name"], namespace)
-        return None if obj is None else kube.sanitize(obj)
-    for obj in list_all(field_selector=f"metadata.name={ref['name']}").items:
-        if obj.metadata.uid == ref.get("uid"):
-            return kube.sanitize(obj)
-    return None
+        obj = get_or_none(kube.apps.read_namespaced_stateful_set, ref["name"], namespace)
+    if obj is None or (ref.get("uid") and obj.metadata.uid != ref["uid"]):
+        return None
+    return kube.sanitize(obj)
 
 
 def find_owner(kube: Kube, pod: Mapping[str, Any], namespace: str | None) -> tuple[Owner, str] | None:
-    """The Deployment or StatefulSet behind a new pod, with the template the pod was made from, and its namespace."""
+    """The Deployment or StatefulSet behind a new pod, with the template the pod was made from, and its namespace
+    (the pod's own: without one, None)."""
     ref = controller_of(pod.get("metadata") or {})
-    if ref is None or ref.get("kind") not in ("ReplicaSet", "StatefulSet"):
+    if not namespace or ref is None or ref.get("kind") not in ("ReplicaSet", "StatefulSet"):
         return None
     owned = _read_owned(kube, ref["kind"], ref, namespace)
     if owned is None:
@@ -166,7 +163,8 @@ def mutate_pod(
     ctx = ctx_of(memo)
     if safe_env.capture_pod(ctx, body, namespace, patch, logger):
         return  # a capture pod podsnap made (a Job's): never one to restore
-    plan = restore_plan(ctx, body, namespace or (body.get("metadata") or {}).get("namespace"))
+    # `namespace` is the admission request's (webhook_server.with_request_namespace), never the pod's own say
+    plan = restore_plan(ctx, body, namespace)
     if plan is None:
         return
     if plan.action == "wait":

@@ -116,12 +116,12 @@ def capture_pod(
     token = (meta.get("annotations") or {}).get(c.ANNOTATION_CAPTURE_TOKEN)
     if not token:
         return False
-    namespace = namespace or meta.get("namespace")
     try:
         claims = ctx.tokens.verify(token)
     except InvalidToken:
         return False
-    if claims.kind != CAPTURE or (namespace and claims.namespace != namespace):
+    # `namespace` is the admission request's: a pod with none is no capture pod of any namespace
+    if claims.kind != CAPTURE or not namespace or claims.namespace != namespace:
         return False
     override = capture_override(ctx, claims.namespace, claims.subject)
     containers = copy.deepcopy(list((pod.get("spec") or {}).get("containers") or []))

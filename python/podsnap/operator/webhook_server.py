@@ -8,6 +8,11 @@ which leaves a moment with nothing listening. This one keeps the listener and it
 the new pair into that context: the next handshake presents the new certificate, and no connection is
 refused.
 
+Every admission request's object (and old object) is handed to the handlers with the request's own
+namespace in its metadata (with_request_namespace): kopf takes its `namespace` from the object, which before
+Kubernetes 1.24 holds whatever the client sent (kubectl run sends none), while the request's namespace is the
+one the API server authorised.
+
 A pair is only ever loaded into the live context after it loaded cleanly into a scratch one (a failed
 load leaves an OpenSSL context without a usable key), and both loads read the same bytes: the files
 are read once into an in-memory file (memfd), so a writer that replaces the certificate and the key
@@ -65,6 +70,24 @@ def load_pair(context: ssl.SSLContext, pem: bytes) -> None:
         context.load_cert_chain(path)
 
 
+def with_request_namespace(fn: Any) -> Any:
+    """kopf's webhook function `fn`, given each review with `request.namespace` written over the namespace of
+    its object and old object (cluster-scoped objects, which have none, are left as they are)."""
+
+    async def served(request: Any, *args: Any, **kwargs: Any) -> Any:
+        payload = request.get("request") if isinstance(request, dict) else None
+        namespace = payload.get("namespace") if isinstance(payload, dict) else None
+        if namespace and isinstance(payload, dict):
+            for key in ("object", "oldObject"):
+                obj = payload.get(key)
+                if isinstance(obj, dict):
+                    meta = obj.get("metadata")
+                    obj["metadata"] = {**(meta if isinstance(meta, dict) else {}), "namespace": namespace}
+        return await fn(request, *args, **kwargs)
+
+    return served
+
+
 class ReloadingWebhookServer(kopf.WebhookServer):
     """kopf's WebhookServer whose certificate follows `certfile`/`pkeyfile` on disk, checked every `interval`."""
 
@@ -118,7 +141,7 @@ class ReloadingWebhookServer(kopf.WebhookServer):
     async def __call__(self, fn: Any) -> AsyncIterator[Any]:
         watcher = asyncio.create_task(self._watch())
         try:
-            async for client_config in super().__call__(fn):
+            async for client_config in super().__call__(with_request_namespace(fn)):
                 yield client_config
         finally:
             watcher.cancel()
