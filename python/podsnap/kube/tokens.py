@@ -15,7 +15,7 @@ names exactly what the agent is asked to do:
 
 A token is readable by anyone who can read the pod, and can be copied. A capture token serves only the
 PodSnapshot of its own SnapshotJob (which the SnapshotJob names after itself), so copied onto another pod
-it does not make that pod capturable by a PodSnapshot written by hand. Copied within its namespace it
+it does not make that pod capturable by any other PodSnapshot. Copied within its namespace it
 gains nothing else: placing it on a pod takes create or patch rights on pods there, which already give
 everything a capture or a restore could (run any image with any of the namespace's ServiceAccounts and
 Secrets, replace a container's image, delete the pod), and a restore only ever reads artifacts captured
