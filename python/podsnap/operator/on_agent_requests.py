@@ -54,7 +54,7 @@ VALIDATE_AGENT_NODES = "validate-agent-nodes"
 #: what the API server puts in the user info of a token bound to a pod
 EXTRA_POD_NAME = "authentication.kubernetes.io/pod-name"
 EXTRA_POD_UID = "authentication.kubernetes.io/pod-uid"
-#: the labels of the chart's agent pods (podsnap.labels with component agent), by which orphans.py finds the
+#: the labels of the chart's agent pods (podsnap.labels with component agent), by which agent_absence.py finds the
 #: live agents; they never tell this webhook who is an agent (is_agent)
 AGENT_LABELS = {"app.kubernetes.io/component": c.COMPONENT_AGENT, "app.kubernetes.io/part-of": "podsnap"}
 SA_PREFIX = "system:serviceaccount:"
