@@ -173,7 +173,7 @@ def test_a_capture_pod_naming_another_container_is_refused(env: Env, ns: str, sp
     container: the agent would dump that container's tree into this namespace's artifact, and end it."""
     src, db, steal = f"src-{spoof}", f"db-{spoof}", f"steal-{spoof}"  # the parameters share a namespace
     _, other = running_pod(env, ns, db, token=None)
-    running_pod(env, ns, src, token=capture_token(env, ns))
+    running_pod(env, ns, src, token=capture_token(env, ns, job=steal))
     container_id = (
         f"containerd://{other.container_id[:20]}" if spoof == "prefix" else f"containerd://{other.container_id}"
     )
