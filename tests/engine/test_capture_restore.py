@@ -180,7 +180,7 @@ def test_injected_criu_failure_leaves_the_source_serving(criu: Criu, worker: Wor
 
 
 def test_bad_criu_option_fails_with_the_log_and_leaves_the_source_serving(
-    criu: Criu, worker: Worker, tmp_path: Path
+    criu: Criu, worker: Worker, tmp_path: Path, node_tmp: Path
 ) -> None:
     from podsnap.engine import CaptureError, CriuOptions
 
@@ -190,7 +190,9 @@ def test_bad_criu_option_fails_with_the_log_and_leaves_the_source_serving(
         capture(worker.pid, tmp_path / "snap", opts, criu=criu)
     assert "Could not add external resource" in str(err.value), "CRIU's own words reach the caller"
     assert "\n" not in str(err.value), "one sentence, no log dump"
-    assert err.value.log_path is None and list(logs.iterdir()) == [], "CRIU wrote no log: no work dir is kept"
+    assert err.value.log_path is None, "CRIU wrote no log: none is named"
+    assert not logs.exists() or list(logs.iterdir()) == [], "nor copied"
+    assert list(node_tmp.iterdir()) == [], "and CRIU's private work dir is gone"
     assert err.value.source_alive is True
     assert worker.get()["init_id"] == worker.init_id
     _no_artifact_visible(tmp_path, "snap")
@@ -210,7 +212,7 @@ def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_full_disk_leaves_the_source_serving_and_no_artifact(
-    criu: Criu, worker: Worker, tiny_tmpfs: Path, tmp_path: Path
+    criu: Criu, worker: Worker, tiny_tmpfs: Path, tmp_path: Path, node_tmp: Path
 ) -> None:
     from podsnap.engine import CaptureError
 
@@ -220,7 +222,9 @@ def test_full_disk_leaves_the_source_serving_and_no_artifact(
     assert "\n" not in str(err.value) and len(str(err.value)) < 600, "a sentence, not the log"
     log = err.value.log_path
     assert log is not None and log.is_file() and log.is_relative_to(tmp_path / "logs"), "the full log is kept"
+    assert "No space left on device" in log.read_text(), "a copy of CRIU's own log"
     assert str(log) in str(err.value), "the message says where the log is"
+    assert list(node_tmp.iterdir()) == [], "CRIU's private work dir is gone once its log is copied"
     assert err.value.source_alive is True
     assert worker.get()["init_id"] == worker.init_id
     assert list(tiny_tmpfs.iterdir()) == []

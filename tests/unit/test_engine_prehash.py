@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from tests.support.waiting import wait_for
 
+from podsnap.engine import ArtifactError, _manifest
 from podsnap.engine import _artifact as art
-from podsnap.engine import _manifest
 from podsnap.engine._prehash import Prehash
 
 CHUNK = 1 << 20
@@ -43,7 +43,14 @@ def test_chunks_are_hashed_as_the_writer_passes_them_and_match_the_manifest_dige
     known = {f"criu/{name}": digests for name, digests in found.items()}
     with_known = art.describe_files(tmp_path, workers=2, known=known)
     assert with_known == art.describe_files(tmp_path, workers=2)
-    # a known digest for a file whose size changed since is not used
+    # a file whose size changed since it was hashed is refused, never hashed again as the volume now holds it
     (criu / "pages-2.img").write_bytes(data["pages-2.img"] + b"x")
+    with pytest.raises(ArtifactError, match=r"pages-2\.img: has 1048577 bytes, not the 1048576 it had when hashed"):
+        art.describe_files(tmp_path, known=known)
+    # one changed in place keeps the digest of what the writer wrote: the artifact fails verification
+    (criu / "pages-2.img").write_bytes(b"y" + data["pages-2.img"][1:])
     entry = {f.path: f for f in art.describe_files(tmp_path, known=known)}["criu/pages-2.img"]
-    assert entry.size == CHUNK + 1 and entry.digest != known["criu/pages-2.img"][1][0]
+    assert entry.digest == known["criu/pages-2.img"][1][0]
+    (criu / "pages-2.img").unlink()
+    with pytest.raises(ArtifactError, match=r"pages-2\.img: is gone"):
+        art.describe_files(tmp_path, known=known)

@@ -198,6 +198,9 @@ class Cut:
     advised_bytes: int = 0
     #: artifact-relative path of each pages image now under bulk/ -> its new path (its bytes unchanged)
     moved: dict[str, str] = field(default_factory=dict)
+    #: artifact-relative paths of the CRIU images the cut wrote anew (pagemaps, the pages images left,
+    #: mm images it advised): digests taken of them before the cut no longer hold
+    rewritten: frozenset[str] = frozenset()
 
 
 def cut(staging: Path, criu_pids: set[int], *, min_run: int = DEFAULT_MIN_RUN, hugepages: bool = True) -> Cut:
@@ -224,16 +227,21 @@ def cut(staging: Path, criu_pids: set[int], *, min_run: int = DEFAULT_MIN_RUN, h
     extents: list[Extent] = []
     advised = 0
     moved: dict[str, str] = {}
+    rewritten: set[str] = set()
     for pid, path, pagemap, runs, covered in plans:
         bulk_dir.mkdir(exist_ok=True)
         raw = bulk_dir / f"pages-{pagemap.pages_id}.raw"
         _split(criu_dir, raw, path, pagemap, covered)
         rel = f"{BULK_DIR}/{raw.name}"
         moved[f"{CRIU_DIR}/pages-{pagemap.pages_id}.img"] = rel
+        rewritten |= {f"{CRIU_DIR}/pages-{pagemap.pages_id}.img", f"{CRIU_DIR}/{path.name}"}
         extents += [Extent(pid=pid, vaddr=r.vaddr, length=r.length, file=rel, offset=r.offset) for r in runs]
         if hugepages:
-            advised += sum(v.end - v.start for v in advise_hugepages(criu_dir / f"mm-{pid}.img", _mostly_bulk(runs)))
-    return Cut(extents, large, advised, moved)
+            vmas = advise_hugepages(criu_dir / f"mm-{pid}.img", _mostly_bulk(runs))
+            advised += sum(v.end - v.start for v in vmas)
+            if vmas:
+                rewritten.add(f"{CRIU_DIR}/mm-{pid}.img")
+    return Cut(extents, large, advised, moved, frozenset(rewritten))
 
 
 # --- fill (restore) --------------------------------------------------------------------------------------

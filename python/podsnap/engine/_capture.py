@@ -169,6 +169,15 @@ def _dump(
             monitor=monitor,
         )
         prehashed = {f"{CRIU_DIR}/{name}": digests for name, digests in prehash.finish().items()}
+        # the rest of CRIU's images (small) hashed now, before anyone else can have rewritten them on the
+        # volume for long: those digests are binding (`describe_files`), a later change is refused
+        rest = [f"{CRIU_DIR}/{p.name}" for p in sorted(staging.criu_dir.iterdir())]
+        prehashed |= art.hash_files(
+            staging.path,
+            [rel for rel in rest if rel not in prehashed],
+            workers=opts.hash_workers,
+            algorithm=opts.digest,
+        )
         timer.set_done("criu_dump", _dir_bytes(staging.criu_dir))
         (staging.path / "logs").mkdir()
         with contextlib.suppress(OSError):
@@ -318,8 +327,10 @@ def capture(
         _resume_source(opts, rb)
         done = _cut(src, opts, staging, timer)
         extents = tuple(done.extents)
-        # a pages image the cut moved into bulk/ keeps its bytes, so its digests follow it
-        known = {done.moved.get(rel, rel): digests for rel, digests in prehashed.items()}
+        # a pages image the cut moved into bulk/ keeps its bytes, so its digests follow it; the images the
+        # cut wrote anew are hashed with the rest
+        moved = {rel: done.moved.get(rel, rel) for rel in prehashed}
+        known = {moved[rel]: d for rel, d in prehashed.items() if moved[rel] not in done.rewritten}
         extra = _extra_sections(src, opts, staging, timer)
         files = _hash(staging, opts, timer, known)
         _reap(src, opts, timer)

@@ -72,23 +72,66 @@ def first_error(path: Path) -> str | None:
     return None
 
 
+def _copy_logs(action: str, logs: list[Path], log_dir: Path) -> Path | None:
+    """Copy `logs` into a fresh dir under `log_dir` (created exclusively; no symlink followed at the dir or
+    the files): the copy where a failed run's log outlives this process. None when it cannot be made."""
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        top = os.open(log_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        name = f"podsnap-{action}-{os.urandom(6).hex()}"
+        os.mkdir(name, 0o755, dir_fd=top)  # exclusive: a name planted there fails it
+        sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=top)
+        try:
+            for log in logs:
+                fd = os.open(log.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                             dir_fd=sub)  # fmt: skip
+                with os.fdopen(fd, "wb") as out, log.open("rb") as src:
+                    shutil.copyfileobj(src, out)
+        finally:
+            os.close(sub)
+    except OSError:
+        return None
+    finally:
+        os.close(top)
+    return log_dir / name
+
+
+def _point_at(exc: BaseException, private: Path, kept: Path) -> None:
+    """Make an error that names a log in the private dir `private` name its copy in `kept` instead."""
+    log_path = getattr(exc, "log_path", None)
+    if isinstance(log_path, Path) and log_path.is_relative_to(private):
+        exc.log_path = kept / log_path.relative_to(private)  # type: ignore[attr-defined]
+    if exc.args and isinstance(exc.args[0], str):
+        exc.args = (exc.args[0].replace(f"{private}/", f"{kept}/"), *exc.args[1:])
+
+
 @contextlib.contextmanager
 def work_dir(action: str, *, explicit: Path | None = None, log_dir: Path | None = None) -> Iterator[Path]:
-    """CRIU's work dir for one run (config, log, pidfile): `explicit` as given (kept), else a fresh dir
-    under `log_dir` (default: the system temp dir), removed when the block succeeds and kept when it
-    raises, so the log an error names is still there."""
+    """CRIU's work dir for one run (config, log, pidfile). CRIU runs as root on the config it finds there,
+    so the dir is private and node-local: `explicit` as given (kept; the caller's own), else a fresh 0700
+    dir in the system temp dir, never under `log_dir` (the agent's is on the artifact volume, which
+    others may write). Removed when the block succeeds. When it raises after CRIU wrote its log, the logs
+    are COPIED into a fresh dir under `log_dir` and the error names the copy (its `log_path` and message);
+    without `log_dir`, or when the copy fails, the private dir itself is kept and named."""
     if explicit is not None:
         explicit.mkdir(parents=True, exist_ok=True)
         yield explicit
         return
-    parent = log_dir or Path(tempfile.gettempdir())
-    parent.mkdir(parents=True, exist_ok=True)
-    path = Path(tempfile.mkdtemp(prefix=f"podsnap-{action}-", dir=parent))
+    path = Path(tempfile.mkdtemp(prefix=f"podsnap-{action}-"))
     try:
         yield path
-    except BaseException:
-        if not any(path.glob("*.log")):  # CRIU never got to write its log: nothing worth keeping
+    except BaseException as exc:
+        logs = sorted(path.glob("*.log"))
+        if not logs:  # CRIU never got to write its log: nothing worth keeping
             shutil.rmtree(path, ignore_errors=True)
+        elif log_dir is not None:
+            kept = _copy_logs(action, logs, log_dir)
+            if kept is not None:
+                _point_at(exc, path, kept)
+                shutil.rmtree(path, ignore_errors=True)
         raise
     shutil.rmtree(path, ignore_errors=True)
 

@@ -10,12 +10,25 @@ file's digest (a node-local copy checked when cached): `verify` checks types and
 hashes nothing. Nothing runs before the artifact is verified and
 the gates passed; from the moment CRIU starts, any failure (or interruption) kills every process
 restored so far, so no half-restored worker serves and none is left behind.
+
+CRIU (root, every capability) obeys its images: a creds or core image swapped in on the volume after it
+was verified would restore a process with forged credentials. So CRIU never reads the artifact: `verify`
+copies every image under criu/ into a private dir (0700, in the system temp dir: node-local), hashing the
+bytes as it writes them, and CRIU is pointed at that copy. After the fast restore's cut what is left
+there is small (a few MiB: the bulk is read once by `fill` into private buffers, hashed as it is
+written). A schema-1 artifact keeps all memory in its pages images and is copied too, whatever its size
+(the copy costs a local write of bytes verify reads anyway; refusing would strand every artifact written
+before the fast restore). With `verified_digests` the images are read in place: that copy is already the
+agent's own, on node-local storage, verified when it was made.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,6 +85,14 @@ class _Run:
     opts: RestoreOptions
     timer: Timer
     rb: Rollback
+    #: the private copy of CRIU's images that `verify` fills and CRIU reads; None: read them in place
+    #: (verified_digests)
+    copy: Path | None
+
+    @property
+    def images(self) -> Path:
+        """Where CRIU reads its images."""
+        return self.copy if self.copy is not None else self.artifact / CRIU_DIR
 
 
 @dataclass(frozen=True)
@@ -110,9 +131,23 @@ def _verify(run: _Run) -> int:
             progress=lambda done, total: timer.report("verify", done, total, start=start),
             deferred=run.manifest.bulk_files,  # checked chunk by chunk as `fill` reads them
             digests=not run.opts.verified_digests,
+            copy_to=run.copy,
         )
         timer.set_done("verify", nbytes)
         return nbytes
+
+
+@contextlib.contextmanager
+def _private_images(opts: RestoreOptions) -> Iterator[Path | None]:
+    """A fresh private dir for the copy of CRIU's images, removed afterwards; None with verified_digests."""
+    if opts.verified_digests:
+        yield None
+        return
+    path = Path(tempfile.mkdtemp(prefix="podsnap-images-"))  # mode 0700
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _gates(run: _Run) -> tuple[HostFacts, list[GateFailure]]:
@@ -171,7 +206,7 @@ def _stdio_inherit(run: _Run) -> dict[int, str]:
 
 
 def _criu_restore(run: _Run, runner: Criu) -> _Restored:
-    artifact, manifest, opts, timer = run.artifact, run.manifest, run.opts, run.timer
+    manifest, opts, timer = run.manifest, run.opts, run.timer
     pages = manifest.criu_pages_bytes
     with timer.phase("criu_restore", pages) as start:
 
@@ -182,7 +217,7 @@ def _criu_restore(run: _Run, runner: Criu) -> _Restored:
         try:
             with runner_mod.work_dir("restore", explicit=opts.work_dir, log_dir=opts.log_dir) as work:
                 root_ns = runner.restore(
-                    artifact / CRIU_DIR,
+                    run.images,
                     work,
                     opts.criu,
                     namespace_pid=opts.namespace_pid,
@@ -272,7 +307,12 @@ def restore(
     artifact = Path(artifact).absolute()
     timer = Timer(progress)
     manifest = _load(artifact, opts, timer)
-    run = _Run(artifact, manifest, opts, timer, Rollback())
+    with _private_images(opts) as copy:
+        return _restore(_Run(artifact, manifest, opts, timer, Rollback(), copy), cuda, criu)
+
+
+def _restore(run: _Run, cuda: CudaCheckpointer | None, criu: Criu | None) -> RestoreResult:
+    manifest, opts, timer = run.manifest, run.opts, run.timer
     _verify(run)
     host, skipped = _gates(run)
     _before_restore(run)
