@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import time
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -148,6 +151,41 @@ def test_an_artifact_in_a_newer_format_fails_the_restore_but_is_not_marked_lost(
     (artifact / "manifest.json").write_text(newer.replace("99", "1"))  # changed after its capture
     with pytest.raises(ArtifactUnusable):
         executor.check(artifact, digest)
+
+
+def test_a_huge_manifest_planted_on_the_volume_is_marked_lost_by_every_reader_without_being_read(
+    tmp_path: Path,
+) -> None:
+    """Security finding 6: the periodic check, the cache's prefetch and every restore read manifest.json
+    before its digest can be compared; a sparse 8 GiB one is refused by its size, as a lost artifact."""
+    from podsnap.engine import MANIFEST_MAX_BYTES
+
+    artifact = tmp_path / "artifact"
+    artifact.mkdir()
+    (artifact / "manifest.json").touch()
+    os.truncate(artifact / "manifest.json", 8 << 30)
+    digest = "sha256:" + "0" * 64
+    executor = EngineExecutor()
+    pod = PodRef("ns", "dst", "uid-b", "main", "containerd://" + "b" * 64)
+    restore = RestoreRequest(pod=pod, placeholder_pids=(1,), placeholder_root_pid=1, artifact_dir=artifact,
+                             skip_compat=False, node="n", expected_digest=digest)  # fmt: skip
+    calls = {
+        "check": lambda: executor.check(artifact, digest),
+        "artifact_files": lambda: executor.artifact_files(artifact, digest),
+        "verify_artifact": lambda: executor.verify_artifact(artifact, digest),
+        "restore": lambda: executor.restore(restore),
+    }
+    for name, call in calls.items():
+        tracemalloc.start()
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(ArtifactUnusable, match=f"8589934592 bytes, more than the {MANIFEST_MAX_BYTES}") as err:
+                call()
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert time.monotonic() - t0 < 1.0 and peak < 1 << 20, f"{name}: refused at once, nothing read"
+        assert str(artifact / "manifest.json") in str(err.value), f"{name}: the message names the file"
 
 
 def test_a_bad_journal_record_is_reported_and_removed_and_the_agent_starts(tmp_path: Path) -> None:

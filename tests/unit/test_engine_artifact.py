@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
+import stat
+import time
+import tracemalloc
 from pathlib import Path
 
 import blake3
@@ -209,3 +214,101 @@ def test_deferred_files_get_only_their_size_and_type_checked(tmp_path: Path) -> 
     (out / "bulk/extra.raw").write_bytes(b"x")
     with pytest.raises(ArtifactError, match="not listed"):
         verify(out, m, deferred=["bulk/pages-1.raw"])
+
+
+def test_a_sparse_8_gib_manifest_is_refused_by_its_size_without_reading_it(tmp_path: Path) -> None:
+    """Security finding 6: manifest.json is read by every restore, prefetch and periodic check, on every node,
+    before its digest can be compared; a planted sparse multi-GB one must cost a reader nothing."""
+    out = _make(tmp_path / "a", {"criu/core-1.img": b"c"})
+    digest = art.manifest_digest(out)
+    os.truncate(out / "manifest.json", 8 << 30)
+    cap = f"8589934592 bytes, more than the {art.MANIFEST_MAX_BYTES} bytes a manifest may have (MANIFEST_MAX_BYTES)"
+    assert art.MANIFEST_MAX_BYTES == 16 << 20
+    for call in (lambda: read_manifest(out, expected_digest=digest), lambda: read_manifest(out),
+                 lambda: art.manifest_digest(out)):  # fmt: skip
+        tracemalloc.start()
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(ArtifactError, match=re.escape(cap)) as err:
+                call()
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert time.monotonic() - t0 < 1.0, "refused at once"
+        assert peak < 1 << 20, f"nothing of it read into memory (peak {peak} bytes)"
+        assert err.value.path == str(out / "manifest.json") and str(out / "manifest.json") in str(err.value)
+
+
+def test_a_manifest_at_the_cap_is_read_and_one_past_it_is_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = _make(tmp_path / "a", {"criu/core-1.img": b"c"})
+    size = (out / "manifest.json").stat().st_size
+    monkeypatch.setattr(art, "MANIFEST_MAX_BYTES", size)
+    assert read_manifest(out).processes[0].pid == 42
+    monkeypatch.setattr(art, "MANIFEST_MAX_BYTES", size - 1)
+    with pytest.raises(ArtifactError, match=rf"{size} bytes, more than the {size - 1} bytes"):
+        read_manifest(out)
+
+
+def test_a_manifest_that_is_a_fifo_or_a_directory_is_refused_without_blocking(tmp_path: Path) -> None:
+    out = _make(tmp_path / "a", {"criu/core-1.img": b"c"})
+    (out / "manifest.json").unlink()
+    os.mkfifo(out / "manifest.json")  # an open for reading would wait for a writer
+    with pytest.raises(ArtifactError, match="not a regular file"):
+        read_manifest(out)
+    (out / "manifest.json").unlink()
+    (out / "manifest.json").mkdir()
+    with pytest.raises(ArtifactError, match="not a regular file"):
+        read_manifest(out)
+
+
+def test_a_capture_never_publishes_a_manifest_no_reader_would_take(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(art, "MANIFEST_MAX_BYTES", 100)
+    with pytest.raises(ArtifactError, match=r"more than the 100 a manifest may have .*larger bulk_min_run_bytes"):
+        _make(tmp_path / "a", {"criu/core-1.img": b"c"})
+    assert not (tmp_path / "a").exists()
+
+
+def test_verify_copies_the_images_it_hashes_and_checks_the_copy(tmp_path: Path) -> None:
+    """`copy_to`: the images are read from the artifact once; the copy holds exactly the bytes hashed."""
+    size = CHUNK_BYTES + 5  # one file of two chunks: copied by two threads, each hashing what it writes
+    big = os.urandom(size)
+    out = _make(tmp_path / "a", {"criu/core-1.img": b"c", "criu/pages-1.img": big, "logs/dump.log": b"l"})
+    (out / "criu/stats-restore").write_bytes(b"s")  # what CRIU may leave in an images dir: not copied
+    m = read_manifest(out)
+    copy = tmp_path / "copy"
+    copy.mkdir(mode=0o700)
+    assert verify(out, m, workers=2, copy_to=copy) == size + 2
+    assert sorted(p.name for p in copy.iterdir()) == ["core-1.img", "pages-1.img"]
+    assert (copy / "pages-1.img").read_bytes() == big and (copy / "core-1.img").read_bytes() == b"c"
+    assert stat.S_IMODE((copy / "core-1.img").stat().st_mode) == 0o600
+    # a forged image is refused on the way, naming the artifact's file
+    other = tmp_path / "copy2"
+    other.mkdir()
+    (out / "criu/core-1.img").write_bytes(b"C")
+    with pytest.raises(ArtifactError, match=r"core-1\.img: blake3 .* differs") as err:
+        verify(out, m, copy_to=other)
+    assert err.value.path == str(out / "criu/core-1.img")
+    with pytest.raises(ValueError, match="copy_to"):
+        verify(out, m, copy_to=other, digests=False)
+
+
+def test_files_are_opened_without_following_a_symlink_and_read_no_further_than_they_are(tmp_path: Path) -> None:
+    """What verify checked with lstat may be swapped for a symlink before it is opened: the open refuses it;
+    a file that ends before the size checked (a volume answering differently) is refused as well."""
+    out = _make(tmp_path / "a", {"criu/core-1.img": b"core"})
+    (out / "criu").rename(tmp_path / "real")
+    (out / "criu").symlink_to(tmp_path / "real")
+    with pytest.raises(ArtifactError, match="criu: a symlink"):
+        art._open_beneath(out, "criu/core-1.img")
+    (out / "criu").unlink()
+    (tmp_path / "real").rename(out / "criu")
+    (out / "criu/core-1.img").rename(out / "criu/real.img")
+    (out / "criu/core-1.img").symlink_to("real.img")
+    with pytest.raises(ArtifactError, match=r"core-1\.img: a symlink"):
+        art._open_beneath(out, "criu/core-1.img")
+    (out / "criu/core-1.img").unlink()
+    (out / "criu/real.img").rename(out / "criu/core-1.img")
+    with pytest.raises(ArtifactError, match="ended at byte 4, 6 bytes short"):
+        art._digests(out, {"criu/core-1.img": 10}, 1, None, "blake3")

@@ -78,7 +78,8 @@ its container's PID 1 (e.g. `podsnap-run` standby without shareProcessNamespace)
 
 Errors (see `podsnap.engine.errors`): EngineError > CriuError, CudaError, ArtifactError,
 CompatibilityError, CaptureError, RestoreError. Messages are one or two sentences; when CRIU failed,
-`error.log_path` names its full log (kept under `log_dir`, default the system temp dir) and
+`error.log_path` names its full log (copied into `log_dir`; without one, CRIU's private work dir in
+the system temp dir is kept) and
 `CriuError.log_tail` carries the last lines for a caller's own log.
 
 Also here: `read_manifest(dir)`, `verify(dir, manifest)` (every digest, bulk files too) and
@@ -93,7 +94,7 @@ Layout: this facade re-exports from private modules (`_capture`, `_restore`, `_c
 
 from __future__ import annotations
 
-from podsnap.engine._artifact import manifest_digest, read_manifest, verify
+from podsnap.engine._artifact import MANIFEST_MAX_BYTES, manifest_digest, read_manifest, verify
 from podsnap.engine._artifact import remove as remove_artifact
 from podsnap.engine._capture import capture
 from podsnap.engine._compat import GateFailure
@@ -131,6 +132,7 @@ from podsnap.engine.errors import (
 )
 
 __all__ = [
+    "MANIFEST_MAX_BYTES",
     "MANIFEST_NAME",
     "SCHEMA_VERSION",
     "ArtifactError",
