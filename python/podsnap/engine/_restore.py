@@ -87,7 +87,7 @@ class _Run:
     rb: Rollback
     #: the private copy of CRIU's images that `verify` fills and CRIU reads; None: read them in place
     #: (verified_digests)
-    copy: Path | None
+    copy: Path | None = None
 
     @property
     def images(self) -> Path:
