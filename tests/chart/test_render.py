@@ -3,9 +3,12 @@ and the properties the design asks of each object."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -186,7 +189,7 @@ def test_operator_is_unprivileged_with_probes_and_ports(default_docs: Docs) -> N
     env = env_of(op)
     assert env[contract.ENV_WEBHOOK_CERT_DIR] == contract.WEBHOOK_CERT_DIR_DEFAULT
     assert env[contract.ENV_WEBHOOK_PORT] == "9443" and env[contract.ENV_WEBHOOK_PATH] == "/mutate-pods"
-    assert env[contract.ENV_SECCOMP_PROFILE] == "podsnap/block-io-uring.json"
+    assert env[contract.ENV_SECCOMP_PROFILE] == "podsnap/capture-v2.json"
 
 
 def test_agent_is_privileged_host_pid_on_gpu_nodes(default_docs: Docs) -> None:
@@ -273,21 +276,140 @@ def test_deprecated_runtime_values_are_accepted_ignored_and_warned_about(helm: s
     assert "runtime.* is ignored" in notes
 
 
-def test_seccomp_profile_blocks_io_uring_and_is_installed_by_the_agent(
+#: clone flags that make namespaces (CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET):
+#: the runtime default lets clone through only without them
+CLONE_NAMESPACE_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+#: what a Python/CUDA worker calls all the time (threads, memory, I/O, its event loop, the driver's ioctls)
+WORKER_SYSCALLS = {
+    "read",
+    "write",
+    "openat",
+    "mmap",
+    "munmap",
+    "mprotect",
+    "madvise",
+    "futex",
+    "epoll_pwait",
+    "epoll_ctl",
+    "ioctl",
+    "execve",
+    "rt_sigaction",
+    "exit_group",
+    "sched_yield",
+    "getrandom",
+    "set_robust_list",
+    "rseq",
+    "prctl",
+    "socketpair",
+    "sendmsg",
+    "recvmsg",
+    "eventfd2",
+    "pipe2",
+}
+#: what the runtime default keeps from a container without CAP_SYS_ADMIN and friends: namespaces, mounts,
+#: keys, BPF, modules, reboot, clock, ptrace-of-others helpers...
+ESCAPE_SYSCALLS = {
+    "unshare",
+    "setns",
+    "mount",
+    "umount2",
+    "move_mount",
+    "open_tree",
+    "fsopen",
+    "fsmount",
+    "fsconfig",
+    "pivot_root",
+    "chroot",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "kexec_load",
+    "reboot",
+    "swapon",
+    "acct",
+    "settimeofday",
+    "clock_settime",
+    "open_by_handle_at",
+    "kcmp",
+    "pidfd_getfd",
+    "lookup_dcookie",
+    "quotactl",
+    "iopl",
+    "ioperm",
+    "syslog",
+    "vhangup",
+    "uselib",
+    "mbind",
+    "set_mempolicy",
+    "fanotify_init",
+    "nfsservctl",
+}
+IO_URING = {"io_uring_setup", "io_uring_enter", "io_uring_register"}
+
+
+def test_seccomp_profile_is_the_runtime_default_allowlist_without_io_uring(default_docs: Docs) -> None:
+    """Any pod may name a Localhost profile and Pod Security "restricted" accepts it: podsnap's must be as
+    strict as RuntimeDefault (docs/security.md), and block io_uring, which CRIU cannot dump."""
+    profile = json.loads(find(default_docs, "ConfigMap", "podsnap-seccomp")["data"]["profile.json"])
+    # OCI LinuxSeccomp keys only: containerd reads a Localhost profile as that struct and drops what it does
+    # not know (Docker's archMap, includes/excludes), which would silently change the filter
+    assert set(profile) == {"defaultAction", "defaultErrnoRet", "architectures", "syscalls"}
+    assert all(set(rule) <= {"names", "action", "errnoRet", "args"} for rule in profile["syscalls"])
+    assert profile["defaultAction"] == "SCMP_ACT_ERRNO" and profile["defaultErrnoRet"] == 1
+    assert {"SCMP_ARCH_X86_64", "SCMP_ARCH_AARCH64"} <= set(profile["architectures"])
+    rules = profile["syscalls"]
+    allowed = {n for r in rules if r["action"] == "SCMP_ACT_ALLOW" and not r.get("args") for n in r["names"]}
+    conditional = {n for r in rules if r["action"] == "SCMP_ACT_ALLOW" and r.get("args") for n in r["names"]}
+    assert allowed >= WORKER_SYSCALLS
+    assert not (ESCAPE_SYSCALLS | IO_URING) & (allowed | conditional)
+    assert conditional == {"clone", "socket", "personality"}
+    [clone] = [r for r in rules if r["names"] == ["clone"]]
+    [flags] = clone["args"]
+    assert flags["index"] == 0 and flags["op"] == "SCMP_CMP_MASKED_EQ" and flags.get("valueTwo", 0) == 0
+    assert flags["value"] & CLONE_NAMESPACE_FLAGS == CLONE_NAMESPACE_FLAGS, "clone may not make a namespace"
+    # ENOSYS, not EPERM: glibc then creates threads with clone, and io_uring users fall back to plain I/O
+    errno = {n: r["errnoRet"] for r in rules if r["action"] == "SCMP_ACT_ERRNO" for n in r["names"]}
+    assert errno == {"clone3": 38, **dict.fromkeys(IO_URING, 38)}
+
+
+def test_seccomp_profile_is_installed_by_the_agent_also_over_the_old_permissive_name(
     default_docs: Docs, matrix: dict[str, Docs]
 ) -> None:
     cm = find(default_docs, "ConfigMap", "podsnap-seccomp")
-    profile = json.loads(cm["data"]["profile.json"])
-    assert profile["defaultAction"] == "SCMP_ACT_ALLOW"
-    (rule,) = profile["syscalls"]
-    assert set(rule["names"]) == {"io_uring_setup", "io_uring_enter", "io_uring_register"}
-    assert rule["action"] == "SCMP_ACT_ERRNO"
-    init = container(find(default_docs, "DaemonSet", "podsnap-agent"), "install-seccomp-profile")
-    assert "/host/kubelet/seccomp/podsnap/block-io-uring.json" in init["command"][-1]
+    ds = find(default_docs, "DaemonSet", "podsnap-agent")
+    init = container(ds, "install-seccomp-profile")
+    installed = install_profile(init, cm["data"]["profile.json"])
+    # earlier charts shipped an allow-all profile under the old name, which any pod may still name
+    assert set(installed) == {"podsnap/capture-v2.json", "podsnap/block-io-uring.json"}
+    assert set(installed.values()) == {cm["data"]["profile.json"]}
+    operator = container(find(default_docs, "Deployment", "podsnap-operator"), "operator")
+    assert env_of(operator)[contract.ENV_SECCOMP_PROFILE] == "podsnap/capture-v2.json"
+    # the init container runs only when an agent pod starts: a changed profile must roll the agents
+    digest = ds["spec"]["template"]["metadata"]["annotations"]["podsnap.io/seccomp-profile-sha256"]
+    assert digest == hashlib.sha256(cm["data"]["profile.json"].encode()).hexdigest()
     minimal = find(matrix["minimal"], "DaemonSet", "podsnap-agent")
     assert "initContainers" not in minimal["spec"]["template"]["spec"]
     minimal_op = container(find(matrix["minimal"], "Deployment", "podsnap-operator"), "operator")
     assert env_of(minimal_op)[contract.ENV_SECCOMP_PROFILE] == ""
+
+
+def install_profile(init: Doc, profile: str) -> dict[str, str]:
+    """Runs the init container's script against a scratch kubelet dir: {name below seccomp/: contents}."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "src").mkdir()
+        (root / "src" / "profile.json").write_text(profile)
+        script = init["command"][-1].replace("/host/kubelet/seccomp", str(root / "seccomp"))
+        script = script.replace("/etc/podsnap/seccomp", str(root / "src"))
+        subprocess.run(["/bin/sh", "-c", script], check=True, capture_output=True)
+        seccomp = root / "seccomp"
+        return {str(p.relative_to(seccomp)): p.read_text() for p in seccomp.rglob("*") if p.is_file()}
 
 
 def test_pvc_is_kept_and_sized(default_docs: Docs, matrix: dict[str, Docs]) -> None:

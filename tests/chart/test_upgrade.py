@@ -101,7 +101,7 @@ def test_old_defaults_that_differ_are_kept_and_keys_added_later_take_their_defau
     agent = container(ds, "agent")
     env = env_of(agent)
     operator_env = env_of(container(find(docs, "Deployment"), "operator"))
-    assert operator_env[contract.ENV_SECCOMP_PROFILE] == "podsnap/block-io-uring.json"
+    assert operator_env[contract.ENV_SECCOMP_PROFILE] == "podsnap/capture-v2.json"
     assert env[contract.ENV_HEALTH_PORT] == "8081"
     assert {p["name"]: p["containerPort"] for p in agent["ports"]}["health"] == 8081
     volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}

@@ -104,7 +104,7 @@ restore:
   timeoutSeconds: 900
 seccomp:
   enabled: true
-  profileName: podsnap/block-io-uring.json
+  profileName: podsnap/capture-v2.json
 storage:
   pvc:
     accessModes:
