@@ -88,6 +88,8 @@ REASON_CAPTURE_FAILED: Final = "CaptureFailed"
 REASON_DEADLINE_EXCEEDED: Final = "DeadlineExceeded"
 REASON_SOURCE_COMPLETED_WITHOUT_CAPTURE: Final = "SourceCompletedWithoutCapture"
 REASON_INVALID_SPEC: Final = "InvalidSpec"
+#: Event: the capture pod keeps the template's own Localhost seccomp profile (io_uring is up to it)
+REASON_SECCOMP_PROFILE_KEPT: Final = "SeccompProfileKept"
 
 # --- workload contract (file and env names shared with Dynamo) ------------------------------
 CONTROL_DIR_DEFAULT: Final = "/snapshot-control"

@@ -57,6 +57,55 @@ def test_job_clears_probes_only_on_the_target_and_keeps_other_containers() -> No
     assert spec.pod_template == tpl  # the input is not mutated
 
 
+OURS = "podsnap/capture-v2.json"
+
+
+def shaped_security(tpl: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    spec = capture_job.parse_spec({"podTemplate": tpl})
+    pod = capture_job.build_job(name="j", namespace="n", uid="u", spec=spec, seccomp_profile=OURS)["spec"]["template"]
+    per_container = {
+        ct["name"]: (ct.get("securityContext") or {}).get("seccompProfile") for ct in pod["spec"]["containers"]
+    }
+    return pod["spec"]["securityContext"]["seccompProfile"], per_container
+
+
+@pytest.mark.parametrize("pod_profile", [None, {"type": "RuntimeDefault"}, {"type": "Unconfined"}])
+def test_podsnaps_profile_replaces_runtime_default_unconfined_or_none_at_pod_and_container_level(
+    pod_profile: dict[str, Any] | None,
+) -> None:
+    """RuntimeDefault is no stricter than podsnap's profile (the runtime default minus io_uring), so it is
+    replaced; so is a container's own RuntimeDefault/Unconfined, which would override the pod's."""
+    tpl = template("main", "sidecar", "plain")
+    if pod_profile:
+        tpl["spec"]["securityContext"] = {"seccompProfile": pod_profile, "runAsNonRoot": True}
+    tpl["spec"]["containers"][0]["securityContext"] = {"seccompProfile": {"type": "RuntimeDefault"}}
+    tpl["spec"]["containers"][1]["securityContext"] = {"seccompProfile": {"type": "Unconfined"}}
+    pod_level, per_container = shaped_security(tpl)
+    ours = {"type": "Localhost", "localhostProfile": OURS}
+    assert pod_level == ours
+    assert per_container == {"main": ours, "sidecar": ours, "plain": None}  # "plain" inherits the pod's
+    assert capture_job.seccomp_kept(tpl["spec"], OURS) == []
+
+
+def test_a_localhost_profile_of_the_template_is_kept_and_reported() -> None:
+    """A user's Localhost profile may be stricter than podsnap's: podsnap must not weaken it."""
+    tpl = template("main", "sidecar")
+    tpl["spec"]["securityContext"] = {"seccompProfile": {"type": "Localhost", "localhostProfile": "team/strict.json"}}
+    tpl["spec"]["containers"][1]["securityContext"] = {
+        "seccompProfile": {"type": "Localhost", "localhostProfile": "team/sidecar.json"}
+    }
+    pod_level, per_container = shaped_security(tpl)
+    assert pod_level == {"type": "Localhost", "localhostProfile": "team/strict.json"}
+    assert per_container == {"main": None, "sidecar": {"type": "Localhost", "localhostProfile": "team/sidecar.json"}}
+    assert capture_job.seccomp_kept(tpl["spec"], OURS) == [
+        "pod (team/strict.json)",
+        "container sidecar (team/sidecar.json)",
+    ]
+    # naming podsnap's own profile is not "keeping another one"
+    tpl["spec"]["securityContext"]["seccompProfile"]["localhostProfile"] = OURS
+    assert capture_job.seccomp_kept(tpl["spec"], OURS) == ["container sidecar (team/sidecar.json)"]
+
+
 def test_long_names_give_valid_job_names() -> None:
     name = capture_job.job_name("x" * 200)
     assert len(name) <= 52 and name != capture_job.job_name("x" * 199)

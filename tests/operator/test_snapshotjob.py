@@ -184,3 +184,49 @@ def test_spec_edits_are_refused_with_an_event(env: Env, ns: str) -> None:
     )
     job = env.cluster.kube.batch.read_namespaced_job("cap", ns)
     assert job.spec.active_deadline_seconds == 3600
+
+
+def test_a_stricter_localhost_profile_of_the_template_is_kept_with_an_event(env: Env, ns: str) -> None:
+    """podsnap's profile is the runtime default minus io_uring: it replaces RuntimeDefault, never a
+    Localhost profile the user chose, which may be stricter; the SnapshotJob says io_uring is not blocked."""
+    worker = {"name": "main", "image": "worker:1", "command": ["python", "-m", "worker"]}
+    strict = {"type": "Localhost", "localhostProfile": "team/strict.json"}
+    job = snapshot_job("own", containers=[worker])
+    job["spec"]["podTemplate"]["spec"]["securityContext"] = {"seccompProfile": strict}
+    env.cluster.create(c.PLURAL_SNAPSHOT_JOBS, job, ns)
+    default = snapshot_job(
+        "rd", containers=[{**worker, "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}}}]
+    )
+    env.cluster.create(c.PLURAL_SNAPSHOT_JOBS, default, ns)
+
+    def kept_events(name: str) -> list[Any]:
+        items = env.cluster.kube.core.list_namespaced_event(ns).items
+        return [e for e in items if e.reason == c.REASON_SECCOMP_PROFILE_KEPT and e.involved_object.name == name]
+
+    [kept] = wait_for(lambda: kept_events("own"), timeout=30, what="SeccompProfileKept event")
+    assert kept.type == "Normal"
+    assert "pod (team/strict.json)" in kept.message and "io_uring" in kept.message
+    shaped = env.cluster.kube.sanitize(env.cluster.kube.batch.read_namespaced_job("own", ns))["spec"]["template"]
+    assert shaped["spec"]["securityContext"]["seccompProfile"] == strict
+
+    ours = {"type": "Localhost", "localhostProfile": "podsnap/checkpoint.json"}
+    rd = wait_for(lambda: get_job(env, ns, "rd"), timeout=30, what="capture Job rd")["spec"]["template"]["spec"]
+    assert rd["securityContext"]["seccompProfile"] == ours
+    assert rd["containers"][0]["securityContext"]["seccompProfile"] == ours
+    wait_for(lambda: any(e.reason == "JobCreated" for e in events_on(env, ns, "rd")), timeout=30, what="JobCreated")
+    assert not kept_events("rd")
+
+
+def get_job(env: Env, ns: str, name: str) -> dict[str, Any] | None:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        return env.cluster.kube.sanitize(env.cluster.kube.batch.read_namespaced_job(name, ns))
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def events_on(env: Env, ns: str, name: str) -> list[Any]:
+    return [e for e in env.cluster.kube.core.list_namespaced_event(ns).items if e.involved_object.name == name]

@@ -43,7 +43,8 @@ def test_every_cited_file_and_test_exists() -> None:
 
 def test_every_finding_has_a_section_with_its_enforcement_and_tests() -> None:
     sections = re.split(r"^### ", DOC.read_text(), flags=re.M)[1:]
-    assert [int(s.split(".", 1)[0]) for s in sections] == list(range(1, 14))
+    assert [int(s.split(".", 1)[0]) for s in sections] == list(range(1, len(sections) + 1))
+    assert len(sections) >= 14
     for section in sections:
         assert "Enforced in:" in section and "Tests:" in section, section.splitlines()[0]
 

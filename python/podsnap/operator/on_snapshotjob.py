@@ -17,7 +17,7 @@ from podsnap.kube.events import event
 from podsnap.kube.reporter import kopf_patch, report
 from podsnap.kube.tokens import CAPTURE, Claims
 from podsnap.operator import safe_env
-from podsnap.operator.capture_job import InvalidSpec, build_job, decide, is_terminal, parse_spec
+from podsnap.operator.capture_job import InvalidSpec, build_job, decide, is_terminal, parse_spec, seccomp_kept
 from podsnap.operator.runtime import OperatorContext, ctx_of, registry
 
 RESOURCE = (c.GROUP, c.VERSION, c.PLURAL_SNAPSHOT_JOBS)
@@ -81,6 +81,18 @@ def snapshotjob_start(
     try:
         ctx.kube.batch.create_namespaced_job(namespace, job)
         event(body, type_="Normal", reason="JobCreated", message=f"created capture Job {job['metadata']['name']}")
+        profile = ctx.config.seccomp_profile
+        if profile and (kept := seccomp_kept(capture.pod_template.get("spec") or {}, profile)):
+            event(
+                body,
+                type_="Normal",
+                reason=c.REASON_SECCOMP_PROFILE_KEPT,
+                message=(
+                    f"the pod template's own seccomp profile is kept for the {', '.join(kept)} instead of "
+                    f"podsnap's {profile}: podsnap does not block io_uring there, and a capture of a worker "
+                    "using io_uring fails (CRIU cannot checkpoint it)"
+                ),
+            )
     except ApiException as exc:
         if exc.status != 409:
             raise
