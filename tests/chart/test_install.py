@@ -87,7 +87,8 @@ def test_an_install_without_an_image_registry_fails_saying_where_images_come_fro
 
 def test_every_rendered_object_exists_on_the_server(cluster: Cluster) -> None:
     objects = manifest_objects(cluster, RELEASE, NAMESPACE)
-    assert len(objects) == 23  # with the two ClusterRoles aggregated into view and edit
+    # with the two ClusterRoles aggregated into view and edit, and the operator's Role and RoleBinding
+    assert len(objects) == 25
     for obj in objects:
         ns = ["-n", obj["metadata"]["namespace"]] if "namespace" in obj["metadata"] else []
         got = cluster.get(*ns, obj["kind"].lower(), obj["metadata"]["name"])
