@@ -15,7 +15,7 @@ from podsnap.agent.executor import ExecutionError
 from podsnap.agent.on_content import artifact_dir
 from podsnap.kube import conditions
 from podsnap.kube.conditions import Condition
-from podsnap.operator import capture_job, placeholder, policy, restore_pod
+from podsnap.operator import capture_job, capture_seccomp, placeholder, policy, restore_pod
 from podsnap.operator.on_podsnapshot import mirror
 
 NOW = datetime.datetime(2026, 11, 30, 13, 0, 0, tzinfo=datetime.UTC)
@@ -84,7 +84,7 @@ def test_podsnaps_profile_replaces_runtime_default_unconfined_or_none_at_pod_and
     ours = {"type": "Localhost", "localhostProfile": OURS}
     assert pod_level == ours
     assert per_container == {"main": ours, "sidecar": ours, "plain": None}  # "plain" inherits the pod's
-    assert capture_job.seccomp_kept(tpl["spec"], OURS) == []
+    assert capture_seccomp.kept(tpl, OURS) == []
 
 
 def test_a_localhost_profile_of_the_template_is_kept_and_reported() -> None:
@@ -97,13 +97,38 @@ def test_a_localhost_profile_of_the_template_is_kept_and_reported() -> None:
     pod_level, per_container = shaped_security(tpl)
     assert pod_level == {"type": "Localhost", "localhostProfile": "team/strict.json"}
     assert per_container == {"main": None, "sidecar": {"type": "Localhost", "localhostProfile": "team/sidecar.json"}}
-    assert capture_job.seccomp_kept(tpl["spec"], OURS) == [
+    assert capture_seccomp.kept(tpl, OURS) == [
         "pod (team/strict.json)",
         "container sidecar (team/sidecar.json)",
     ]
     # naming podsnap's own profile is not "keeping another one"
     tpl["spec"]["securityContext"]["seccompProfile"]["localhostProfile"] = OURS
-    assert capture_job.seccomp_kept(tpl["spec"], OURS) == ["container sidecar (team/sidecar.json)"]
+    assert capture_seccomp.kept(tpl, OURS) == ["container sidecar (team/sidecar.json)"]
+
+
+def test_the_deprecated_seccomp_annotations_count_as_the_templates_profile() -> None:
+    """Kubernetes before 1.27 still reads them, and rejects a pod whose field and annotation differ: podsnap
+    replaces an annotated RuntimeDefault (dropping the annotation) and keeps an annotated Localhost."""
+    tpl = template("main", "sidecar")
+    tpl["metadata"] = {
+        "annotations": {
+            capture_seccomp.POD_ANNOTATION: "runtime/default",
+            capture_seccomp.CONTAINER_ANNOTATION_PREFIX + "sidecar": "localhost/team/sidecar.json",
+            "team.example/owner": "ml",
+        }
+    }
+    spec = capture_job.parse_spec({"podTemplate": tpl})
+    shaped = capture_job.build_job(name="j", namespace="n", uid="u", spec=spec, seccomp_profile=OURS)["spec"][
+        "template"
+    ]
+    annotations = shaped["metadata"]["annotations"]
+    assert capture_seccomp.POD_ANNOTATION not in annotations, "it would contradict the field: the pod is refused"
+    assert annotations[capture_seccomp.CONTAINER_ANNOTATION_PREFIX + "sidecar"] == "localhost/team/sidecar.json"
+    assert annotations["team.example/owner"] == "ml"
+    assert shaped["spec"]["securityContext"]["seccompProfile"] == {"type": "Localhost", "localhostProfile": OURS}
+    _, sidecar = shaped["spec"]["containers"]
+    assert "securityContext" not in sidecar, "the annotated Localhost profile stays the sidecar's"
+    assert capture_seccomp.kept(tpl, OURS) == ["container sidecar (team/sidecar.json)"]
 
 
 def test_long_names_give_valid_job_names() -> None:

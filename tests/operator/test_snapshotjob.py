@@ -217,6 +217,21 @@ def test_a_stricter_localhost_profile_of_the_template_is_kept_with_an_event(env:
     assert not kept_events("rd")
 
 
+def test_a_template_with_the_deprecated_seccomp_annotation_still_makes_a_capture_pod(env: Env, ns: str) -> None:
+    """Kubernetes 1.20 refuses a pod whose seccomp annotation and field differ: podsnap's field must not
+    leave the template's runtime/default annotation beside it, or the Job never gets its pod."""
+    job = snapshot_job("annotated")
+    job["spec"]["podTemplate"]["metadata"]["annotations"] = {
+        "seccomp.security.alpha.kubernetes.io/pod": "runtime/default"
+    }
+    env.cluster.create(c.PLURAL_SNAPSHOT_JOBS, job, ns)
+    pod = capture_pod(env, ns, "annotated")
+    assert pod["spec"]["securityContext"]["seccompProfile"] == {
+        "type": "Localhost",
+        "localhostProfile": "podsnap/checkpoint.json",
+    }
+
+
 def get_job(env: Env, ns: str, name: str) -> dict[str, Any] | None:
     from kubernetes.client.exceptions import ApiException
 

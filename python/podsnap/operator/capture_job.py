@@ -8,8 +8,7 @@ Why the Job looks the way it does:
 - liveness/startup probes cleared on the target: a quiesced worker must not be restarted by the kubelet.
 - sidecar injection off: a mesh proxy's sockets would end up in the checkpoint.
 - seccomp: podsnap's Localhost profile (the runtime's default minus io_uring, which CRIU cannot
-  checkpoint) replaces RuntimeDefault, Unconfined or no profile, at pod and container level; a Localhost
-  profile of the template's own may be stricter and is kept (`seccomp_kept` says where, for the Event).
+  checkpoint) wherever it weakens nothing (capture_seccomp.py).
 - an init container that uses up the first PIDs of the pod's (shared) PID namespace: CRIU restores the
   worker with its namespace PID, which must be free in the restore pod, where the placeholder and its
   probes take the low PIDs. With this offset the worker's PID is above anything a young restore pod uses.
@@ -27,6 +26,7 @@ from typing import Any
 from podsnap import contract as c
 from podsnap.kube.conditions import Condition, find, is_true, parse_time
 from podsnap.kube.podshape import pod_ready, with_control_dir, with_control_volume
+from podsnap.operator import capture_seccomp
 
 DEFAULT_DEADLINE_S = 3600
 DEFAULT_TARGET_CONTAINERS = ("main",)
@@ -79,41 +79,6 @@ def job_name(snapshot_job: str) -> str:
     return f"{snapshot_job[:43]}-{hashlib.sha256(snapshot_job.encode()).hexdigest()[:8]}"
 
 
-def _replaceable(profile: Mapping[str, Any] | None, ours: str) -> bool:
-    """Whether podsnap's profile may take the place of `profile` without weakening it. Ours is the
-    runtime's default minus io_uring: as strict as RuntimeDefault, stricter than Unconfined or none.
-    Another Localhost profile may be stricter, and podsnap cannot tell: it stays."""
-    if not profile:
-        return True
-    kind = profile.get("type")
-    return kind in ("RuntimeDefault", "Unconfined") or (kind == "Localhost" and profile.get("localhostProfile") == ours)
-
-
-def seccomp_kept(pod: Mapping[str, Any], ours: str) -> list[str]:
-    """Where the template's own Localhost profile stays in place of podsnap's ("pod", "container X"):
-    there podsnap does not block io_uring."""
-    levels = [("pod", pod), *((f"container {ct.get('name')}", ct) for ct in pod.get("containers") or [])]
-    kept = []
-    for where, obj in levels:
-        profile = (obj.get("securityContext") or {}).get("seccompProfile") or {}
-        if not _replaceable(profile, ours):
-            kept.append(f"{where} ({profile.get('localhostProfile')})")
-    return kept
-
-
-def with_seccomp(pod: dict[str, Any], ours: str) -> None:
-    """Run the pod under podsnap's profile wherever that weakens nothing. A container's own profile
-    overrides the pod's, so one of RuntimeDefault or Unconfined there would let io_uring through."""
-    localhost = {"type": "Localhost", "localhostProfile": ours}
-    sc = pod.setdefault("securityContext", {})
-    if _replaceable(sc.get("seccompProfile"), ours):
-        sc["seccompProfile"] = dict(localhost)
-    for ct in pod.get("containers") or []:
-        ct_sc = ct.get("securityContext") or {}
-        if ct_sc.get("seccompProfile") and _replaceable(ct_sc["seccompProfile"], ours):
-            ct_sc["seccompProfile"] = dict(localhost)
-
-
 def build_job(
     *,
     name: str,
@@ -134,7 +99,7 @@ def build_job(
     pod["restartPolicy"] = "Never"
     pod["shareProcessNamespace"] = True
     if seccomp_profile:
-        with_seccomp(pod, seccomp_profile)
+        capture_seccomp.apply(template, seccomp_profile)
     with_control_volume(pod)
     target_image = next(ct.get("image") for ct in pod["containers"] if ct.get("name") == spec.target_container)
     pod["initContainers"] = [

@@ -16,8 +16,8 @@ from podsnap.kube.conditions import Condition, now_rfc3339, parse_time
 from podsnap.kube.events import event
 from podsnap.kube.reporter import kopf_patch, report
 from podsnap.kube.tokens import CAPTURE, Claims
-from podsnap.operator import safe_env
-from podsnap.operator.capture_job import InvalidSpec, build_job, decide, is_terminal, parse_spec, seccomp_kept
+from podsnap.operator import capture_seccomp, safe_env
+from podsnap.operator.capture_job import InvalidSpec, build_job, decide, is_terminal, parse_spec
 from podsnap.operator.runtime import OperatorContext, ctx_of, registry
 
 RESOURCE = (c.GROUP, c.VERSION, c.PLURAL_SNAPSHOT_JOBS)
@@ -82,7 +82,7 @@ def snapshotjob_start(
         ctx.kube.batch.create_namespaced_job(namespace, job)
         event(body, type_="Normal", reason="JobCreated", message=f"created capture Job {job['metadata']['name']}")
         profile = ctx.config.seccomp_profile
-        if profile and (kept := seccomp_kept(capture.pod_template.get("spec") or {}, profile)):
+        if profile and (kept := capture_seccomp.kept(capture.pod_template, profile)):
             event(
                 body,
                 type_="Normal",
