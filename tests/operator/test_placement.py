@@ -165,8 +165,11 @@ def node_a_facts(env: Env) -> Iterator[None]:
 def test_the_agent_labels_its_node_with_the_facts_the_gates_compare(env: Env, node_a_facts: None) -> None:
     want = expected_labels(SOURCE)
     assert set(want) == {c.LABEL_NODE_ARCH, c.LABEL_NODE_KERNEL, c.LABEL_NODE_DRIVER}  # SOURCE has no GPUs
+    # a node-b agent of an earlier test (storage, orphans, prefetch...) labelled its node, and its labels stay
+    # until the operator's stale-label sweep: start node-b clean, so only node-a's agent could label it now
+    env.cluster.kube.core.patch_node(OTHER_NODE, {"metadata": {"labels": dict.fromkeys(c.NODE_FACT_LABELS)}})
     wait_for(lambda: placement_labels(env, NODE) == want, what=f"node-a labelled {want}")
-    assert placement_labels(env, OTHER_NODE) == {}  # no agent runs there
+    assert placement_labels(env, OTHER_NODE) == {}, "node-a's agent labels only its own node"
     assert node_labels_of(env, NODE)["kubernetes.io/hostname"] == NODE  # nothing else of the Node changes
 
     # kept current: a label changed by hand, a GPU that appeared, a driver that went are all set right by
