@@ -236,29 +236,35 @@ def test_a_log_dir_that_is_a_symlink_gets_no_copy_and_the_private_log_is_named(
     assert kept is not None and kept.is_relative_to(node_tmp) and kept.is_file()
 
 
+@pytest.mark.parametrize("image", ["core-*.img", "pagemap-*.img"], ids=["written-by-criu", "rewritten-by-the-cut"])
 def test_an_image_changed_on_the_volume_after_the_dump_is_not_vouched_for(
-    criu: Criu, worker: Worker, tmp_path: Path
+    criu: Criu, tmp_path: Path, image: str
 ) -> None:
-    """Capture: CRIU's small images are hashed from the agent's own fds right after the dump; a change on the
-    volume after that (here: while the capture adds its files, before it hashes them) is never recorded as
-    the artifact's content."""
+    """Capture: CRIU's small images are hashed from the agent's own fds right after the dump, the ones the cut
+    writes anew right after the cut; a change on the volume after that (here: while the capture adds its
+    files, before its hash phase) is never recorded as the artifact's content."""
+    worker = Worker(tmp_path / "w", bulk_mib=16)  # a region the cut moves out: its pagemap is rewritten
     original: dict[str, bytes] = {}
 
     def tamper(staging: Path) -> dict[str, str]:
-        (core,) = (staging / "criu").glob("core-*.img")
-        original[core.name] = core.read_bytes()
-        _forge(core)
+        for path in sorted((staging / "criu").glob(image))[:1]:
+            original[path.name] = path.read_bytes()
+            _forge(path)
         return {}
 
-    cap = capture(worker.pid, tmp_path / "art", CaptureOptions(before_publish=tamper), criu=criu)
-    (name, data) = next(iter(original.items()))
-    entry = next(f for f in cap.manifest.files if f.path == f"criu/{name}")
-    h = _digest.new(cap.manifest.digest)
-    h.update(data)
-    assert entry.digest == h.hexdigest(), "the manifest holds the digest of what CRIU wrote"
-    with pytest.raises(ArtifactError, match=rf"{name}: .* differs from the manifest's"):
-        restore(tmp_path / "art", RestoreOptions(expected_manifest_digest=cap.manifest_digest), criu=criu)
-    assert read_manifest(tmp_path / "art").files == cap.manifest.files
+    try:
+        cap = capture(worker.pid, tmp_path / "art", CaptureOptions(before_publish=tamper), criu=criu)
+        assert cap.manifest.bulk, "the cut ran"
+        (name, data) = next(iter(original.items()))
+        entry = next(f for f in cap.manifest.files if f.path == f"criu/{name}")
+        h = _digest.new(cap.manifest.digest)
+        h.update(data)
+        assert entry.digest == h.hexdigest(), "the manifest holds the digest of what CRIU (or the cut) wrote"
+        with pytest.raises(ArtifactError, match=rf"{name}: .* differs from the manifest's"):
+            restore(tmp_path / "art", RestoreOptions(expected_manifest_digest=cap.manifest_digest), criu=criu)
+        assert read_manifest(tmp_path / "art").files == cap.manifest.files
+    finally:
+        worker.kill()
 
 
 def test_an_image_that_grows_on_the_volume_after_the_dump_fails_the_capture(

@@ -205,10 +205,13 @@ def _reap(src: _Source, opts: CaptureOptions, timer: Timer) -> None:
             proctree.wait_gone(proc.pid, timeout_s=30)
 
 
-def _cut(src: _Source, opts: CaptureOptions, staging: art.Staging, timer: Timer) -> bulk.Cut:
-    """The fast restore's half at capture: large memory runs leave CRIU's images for raw bulk files."""
+def _cut(
+    src: _Source, opts: CaptureOptions, staging: art.Staging, timer: Timer
+) -> tuple[bulk.Cut, dict[str, tuple[int, list[str]]]]:
+    """The fast restore's half at capture: large memory runs leave CRIU's images for raw bulk files.
+    Also returns the digests of the images the cut wrote anew, taken right after it wrote them."""
     if not opts.fast_restore:
-        return bulk.Cut([], 0)
+        return bulk.Cut([], 0), {}
     with timer.phase("cut"):
         try:
             done = bulk.cut(
@@ -224,11 +227,16 @@ def _cut(src: _Source, opts: CaptureOptions, staging: art.Staging, timer: Timer)
                 phase="cut",
                 source_alive=proctree.is_alive(src.pid),
             ) from exc
+        # binding like the dump's (`describe_files`): what the cut wrote is not left to the hash phase,
+        # after before_publish, for a writer of the volume to change first
+        rewritten = art.hash_files(
+            staging.path, sorted(done.rewritten), workers=opts.hash_workers, algorithm=opts.digest
+        )
         # its last report: bytes moved of all large runs (the rest is in mappings a write cannot fill)
         timer.set_done("cut", sum(e.length for e in done.extents), total=done.large_bytes)
     if done.advised_bytes:
         timer.bytes["hugepages"] = done.advised_bytes
-    return done
+    return done, rewritten
 
 
 def _extra_sections(src: _Source, opts: CaptureOptions, staging: art.Staging, timer: Timer) -> dict[str, Any]:
@@ -325,12 +333,12 @@ def capture(
         lines, prehashed = _dump(src, opts, staging, timer, rb)
         journal.step(journal_mod.STEP_DUMPED)
         _resume_source(opts, rb)
-        done = _cut(src, opts, staging, timer)
+        done, rewritten = _cut(src, opts, staging, timer)
         extents = tuple(done.extents)
         # a pages image the cut moved into bulk/ keeps its bytes, so its digests follow it; the images the
-        # cut wrote anew are hashed with the rest
+        # cut wrote anew have theirs from right after it wrote them
         moved = {rel: done.moved.get(rel, rel) for rel in prehashed}
-        known = {moved[rel]: d for rel, d in prehashed.items() if moved[rel] not in done.rewritten}
+        known = {moved[rel]: d for rel, d in prehashed.items() if moved[rel] not in done.rewritten} | rewritten
         extra = _extra_sections(src, opts, staging, timer)
         files = _hash(staging, opts, timer, known)
         _reap(src, opts, timer)
