@@ -56,8 +56,10 @@ class CaptureOptions:
     #: hook run with the staging dir after the dump, before hashing: add files (a rootfs diff, weight
     #: shards) and return manifest `extra` sections describing them; added files are digested like CRIU's
     before_publish: Callable[[Path], Mapping[str, Any]] | None = None
-    #: where CRIU's work dir (config, log) is made; kept when CRIU fails and named in the error
-    #: (default: the system temp dir). On success the dump log goes into the artifact's logs/.
+    #: where the log of a failed CRIU run is copied (a fresh dir per run, named in the error). CRIU's work
+    #: dir (config, log) itself is always private, in the system temp dir, never here: this may be on the
+    #: artifact volume. None: the private work dir of a failed run is kept instead. On success the dump
+    #: log goes into the artifact's logs/.
     log_dir: Path | None = None
     #: cut large memory runs out of CRIU's images so a restore writes them in parallel (schema 2);
     #: False writes the schema 1 layout, which every podsnap restores
@@ -107,10 +109,12 @@ class RestoreOptions:
     gpu_map: Mapping[str, str] | None = None
     #: network namespace file joined when `criu.external_net_ns` is set (e.g. /proc/PID/ns/net)
     net_ns: Path | None = None
-    #: where CRIU's config, log and pidfile go, kept afterwards (default: a fresh dir under `log_dir`)
+    #: where CRIU's config, log and pidfile go, kept afterwards; it must be private to this process and
+    #: node-local (CRIU, as root, obeys the config there). Default: a fresh 0700 dir in the system temp dir,
+    #: removed afterwards
     work_dir: Path | None = None
-    #: where CRIU's work dir is made when `work_dir` is None: removed on success, kept when the restore
-    #: fails and named in the error (default: the system temp dir)
+    #: where the log of a failed restore is copied (a fresh dir per run, named in the error); never CRIU's
+    #: work dir, since this may be on the artifact volume. None: the private work dir of a failed run is kept
     log_dir: Path | None = None
     criu_binary: Path | None = None
     #: threads hashing the artifact (None: one per core, at most 16)
