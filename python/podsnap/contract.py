@@ -370,3 +370,12 @@ REASON_NO_COMPATIBLE_NODE: Final = "NoCompatibleNode"
 #: "false": the agent labels no node and the webhook adds no node affinity (values.yaml placement.enabled)
 ENV_PLACEMENT: Final = "PODSNAP_PLACEMENT"
 CHART_ENV["placement"] = (ENV_PLACEMENT, (COMPONENT_OPERATOR, COMPONENT_AGENT))
+
+# --- node-local agent state (issue: the capture journal off the shared volume; additive) ------------
+#: where the agent container mounts its node-local state directory (values.yaml agent.stateDir, a hostPath
+#: only this node's agent mounts): the capture journal lives there, never on the artifact volume, which
+#: every node's agent (and whoever else can write the claim) writes
+STATE_DIR_IN_AGENT: Final = "/var/lib/podsnap/state"
+ENV_STATE_DIR: Final = "PODSNAP_STATE_DIR"  # the state directory in the agent
+CHART_PATHS["stateDir"] = STATE_DIR_IN_AGENT
+CHART_ENV["stateDir"] = (ENV_STATE_DIR, (COMPONENT_AGENT,))

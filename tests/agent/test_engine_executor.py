@@ -189,8 +189,8 @@ def test_a_huge_manifest_planted_on_the_volume_is_marked_lost_by_every_reader_wi
 
 
 def test_a_bad_journal_record_is_reported_and_removed_and_the_agent_starts(tmp_path: Path) -> None:
-    """Records live on the artifact volume: a malformed one (or one whose recovery raises) must not stop the
-    node's agent from starting, nor be tried again at every start."""
+    """A malformed record (or one whose recovery raises) must not stop the node's agent from starting, nor be
+    tried again at every start."""
     from podsnap.engine import _journal as journal  # white-box: the record's version
 
     journal_dir = tmp_path / "journal"

@@ -38,7 +38,7 @@ def test_a_volume_filling_during_the_criu_dump_rolls_back_as_storage_full_and_th
     host_pid = proctree.host_pid_in_ns(ns_pid, pod.init_pid)
     assert host_pid is not None
     with small_tmpfs(tmp_path / "volume", "32m") as volume:
-        journal = volume / ".journal" / "node-a"
+        journal = tmp_path / "agent-state" / "journal"  # node-local, as the agent's (not on the volume)
         executor = EngineExecutor(log_dir=tmp_path / "logs", journal_dir=journal)
         ref = PodRef("ns", "src", "uid-a", "main", "containerd://" + "a" * 64)
         artifact = volume / "ns" / "snap-uid"

@@ -88,6 +88,7 @@ def test_local_cluster_overlay_fits_the_local_cluster(built: dict[str, Docs]) ->
         "seccomp-dir": "/var/lib/podsnap-cluster/kubelet/seccomp",
         "cgroup": "/sys/fs/cgroup",
         "artifact-cache": "/var/lib/podsnap-cluster/kubelet/podsnap/artifact-cache",
+        "agent-state": "/var/lib/podsnap-cluster/kubelet/podsnap/agent-state",
     }
     agent = container(ds, "agent")
     assert env_of(agent)[contract.ENV_CGROUP_ROOT] == contract.CGROUP_ROOT_IN_AGENT

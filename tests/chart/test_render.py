@@ -211,13 +211,14 @@ def test_agent_is_privileged_host_pid_on_gpu_nodes(default_docs: Docs) -> None:
     mounts = {m["name"]: m["mountPath"] for m in agent["volumeMounts"]}
     assert mounts["artifacts"] == contract.ARTIFACT_ROOT_DEFAULT
     assert volumes["artifacts"]["persistentVolumeClaim"] == {"claimName": "podsnap-artifacts"}
-    # the agent container mounts only what it uses: the claim, the host's cgroups and its node cache (the
-    # seccomp dir is the init container's)
+    # the agent container mounts only what it uses: the claim, the host's cgroups, its node cache and its
+    # node-local state (the seccomp dir is the init container's)
     host_paths = {v["hostPath"]["path"]: mounts.get(n) for n, v in volumes.items() if "hostPath" in v}
     assert host_paths == {
         "/sys/fs/cgroup": contract.CGROUP_ROOT_IN_AGENT,
         "/var/lib/kubelet/seccomp": None,
         "/var/lib/kubelet/podsnap/artifact-cache": contract.CACHE_DIR_IN_AGENT,
+        "/var/lib/kubelet/podsnap/agent-state": contract.STATE_DIR_IN_AGENT,
     }
 
 

@@ -26,6 +26,7 @@ from podsnap import contract as c
 from podsnap.agent import main as agent_main
 from podsnap.agent.config import AgentConfig
 from podsnap.agent.engine_executor import EngineExecutor
+from podsnap.engine import _journal as journal  # the capture's own journal writer, as an earlier agent ran it
 from podsnap.kube.client import get_or_none
 from podsnap.kube.env import ConfigError
 from podsnap.kube.tokens import CAPTURE, KEY_FILE, Claims, TokenKey
@@ -157,6 +158,7 @@ def test_paths_the_chart_passes_are_where_it_mounts() -> None:
     assert agent[c.ENV_ARTIFACT_ROOT] == mounts(docs, "DaemonSet", "agent")["artifacts"]
     assert agent[c.ENV_CGROUP_ROOT] == mounts(docs, "DaemonSet", "agent")["cgroup"]
     assert agent[c.ENV_CACHE_DIR] == mounts(docs, "DaemonSet", "agent")["artifact-cache"]
+    assert agent[c.ENV_STATE_DIR] == mounts(docs, "DaemonSet", "agent")["agent-state"]
     off = render_chart(require_tool("helm"), CHART, "agent.cache.enabled=false")
     assert container_env(off, "DaemonSet", "agent")[c.ENV_CACHE_DIR] == ""
     assert "artifact-cache" not in mounts(off, "DaemonSet", "agent")
@@ -224,6 +226,10 @@ def test_rendered_values_reach_the_agent_config() -> None:
     assert isinstance(executor, EngineExecutor) and executor.cgroup_root == Path(c.CGROUP_ROOT_IN_AGENT)
     assert config.cache_dir == Path(c.CACHE_DIR_IN_AGENT) and config.cache_max_bytes == 200 << 30
     assert (config.cache_min_free_percent, config.prefetch_concurrency) == (15, 1)
+    # the capture journal: in the node-local state the chart mounts, not on the artifact volume
+    assert config.state_dir == Path(c.STATE_DIR_IN_AGENT) and config.journal_dir.parent == config.state_dir
+    assert not config.journal_dir.is_relative_to(config.artifact_root)
+    assert isinstance(executor, EngineExecutor) and executor.journal_dir == config.journal_dir
     tuned = render_chart(
         require_tool("helm"),
         CHART,
@@ -283,6 +289,7 @@ def test_the_agent_refuses_to_start_without_its_node() -> None:
         (c.ENV_CACHE_MAX_SIZE, "1k", "expected at least 1Mi"),
         (c.ENV_CACHE_MIN_FREE_PERCENT, "95", "expected an integer from 0 to 90"),
         (c.ENV_PREFETCH_CONCURRENCY, "-1", "expected an integer from 0 to 64"),
+        (c.ENV_STATE_DIR, "state", "expected an absolute path"),
     ],
 )
 def test_a_malformed_cache_variable_stops_the_agent_naming_it(name: str, value: str, says: str) -> None:
@@ -476,6 +483,15 @@ def test_every_agent_variable_changes_what_the_agent_process_does(env: Env, tmp_
     environ[c.ENV_ARTIFACT_ROOT] = str(artifacts)
     cache = tmp_path / "cache"
     environ[c.ENV_CACHE_DIR] = str(cache)
+    state = tmp_path / "state"
+    environ[c.ENV_STATE_DIR] = str(state)
+    # a capture an earlier agent of this node left in its journal (its source has exited since)
+    gone = subprocess.Popen(["sleep", "60"])
+    journal.Journal(state / "journal" / "cfg-journal.json", {"content": "cfg-journal"}).begin(
+        gone.pid, [gone.pid], [], leave_running=False
+    )
+    gone.kill()
+    gone.wait()
     environ[c.ENV_CGROUP_ROOT] = str(AgentConfig(node_name="x").cgroup_root)
     key = token_key_dir(tmp_path)
     environ[c.ENV_TOKEN_KEY_DIR] = str(key)
@@ -499,6 +515,10 @@ def test_every_agent_variable_changes_what_the_agent_process_does(env: Env, tmp_
         wait_for((cache / "entries").is_dir, what="the cache directory")
         assert cache.stat().st_mode & 0o777 == 0o700
         seen.add(c.ENV_CACHE_DIR)
+        # its journal: made private in the state dir, and the record found there recovered (and removed)
+        wait_for(lambda: not list((state / "journal").iterdir()), what="the journal record recovered")
+        assert (state / "journal").stat().st_mode & 0o777 == 0o700
+        seen.add(c.ENV_STATE_DIR)
         assert "podsnap_agent_cache_max_bytes 3.221225472e+09" in scraped
         seen.add(c.ENV_CACHE_MAX_SIZE)
         # it takes on the contents bound to its node (this one's source pod does not exist: it fails it)
@@ -542,6 +562,8 @@ def test_every_agent_variable_changes_what_the_agent_process_does(env: Env, tmp_
     assert " DEBUG " in out, out[-2000:]
     seen.add(c.ENV_LOG_LEVEL)
     assert "keeping 7% of its filesystem free; prefetch 2 at a time" in out, out[-2000:]
+    assert "capture of cfg-journal: the node agent restarted during the capture (at step inspected)" in out, out
+    assert f"the source (pid {gone.pid}) is gone" in out, out[-2000:]
     seen.update((c.ENV_CACHE_MIN_FREE_PERCENT, c.ENV_PREFETCH_CONCURRENCY))
     # PODSNAP_CGROUP_ROOT: restored workers join their pod's cgroups through it (tests/e2e: test_availability)
     seen.add(c.ENV_CGROUP_ROOT)

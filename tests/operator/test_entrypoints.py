@@ -34,6 +34,7 @@ def test_console_script_serves_health_and_metrics(env: Env, component: str, tmp_
         c.ENV_METRICS_PORT: str(metrics),
         c.ENV_WEBHOOK_PORT: "0",
         c.ENV_ARTIFACT_ROOT: str(tmp_path / "artifacts"),
+        c.ENV_STATE_DIR: str(tmp_path / "state"),  # a directory of this test, not the default on this host
         c.ENV_TOKEN_KEY_DIR: str(env.operator_ctx.config.token_key_dir),
         # a node with no work, so this second agent never competes with the suite's own
         c.ENV_NODE_NAME: "node-entrypoint-test",

@@ -177,6 +177,7 @@ def start_env(cp: ControlPlane, tmp: Path) -> Env:
         metrics_port=0,
         health_port=0,
         verify_interval_s=VERIFY_INTERVAL_S,
+        state_dir=tmp / "agent-state",  # node-local, as the chart's hostPath: not on the artifact volume
     )
     operator = KopfThread(
         "operator", operator_main.run, operator_main.build_context(op_config), listens_on=port

@@ -39,6 +39,7 @@ agent:
     annotations: {}
     create: true
     name: ''
+  stateDir: ''
   tolerations:
   - effect: NoSchedule
     key: nvidia.com/gpu

@@ -2,7 +2,7 @@
 
 {{- /* The name of the variable the chart passes for KEY. */ -}}
 {{- define "podsnap.envName" -}}
-{{- $table := dict "artifactRoot" "PODSNAP_ARTIFACT_ROOT" "cacheDir" "PODSNAP_CACHE_DIR" "cacheMaxSize" "PODSNAP_CACHE_MAX_SIZE" "cacheMinFreePercent" "PODSNAP_CACHE_MIN_FREE_PERCENT" "cgroupRoot" "PODSNAP_CGROUP_ROOT" "checkpointEnv" "PODSNAP_CHECKPOINT_ENV" "cleanupHandover" "PODSNAP_CLEANUP_HANDOVER_S" "healthPort" "PODSNAP_HEALTH_PORT" "logLevel" "PODSNAP_LOG_LEVEL" "metricsPort" "PODSNAP_METRICS_PORT" "nodeName" "NODE_NAME" "placement" "PODSNAP_PLACEMENT" "prefetchConcurrency" "PODSNAP_PREFETCH_CONCURRENCY" "restorePickupTimeout" "PODSNAP_RESTORE_TIMEOUT_S" "restoreTimeout" "PODSNAP_RESTORE_MAX_S" "seccompProfile" "PODSNAP_SECCOMP_PROFILE" "tokenKeyDir" "PODSNAP_TOKEN_KEY_DIR" "webhookCertDir" "PODSNAP_WEBHOOK_CERT_DIR" "webhookPath" "PODSNAP_WEBHOOK_PATH" "webhookPort" "PODSNAP_WEBHOOK_PORT" -}}
+{{- $table := dict "artifactRoot" "PODSNAP_ARTIFACT_ROOT" "cacheDir" "PODSNAP_CACHE_DIR" "cacheMaxSize" "PODSNAP_CACHE_MAX_SIZE" "cacheMinFreePercent" "PODSNAP_CACHE_MIN_FREE_PERCENT" "cgroupRoot" "PODSNAP_CGROUP_ROOT" "checkpointEnv" "PODSNAP_CHECKPOINT_ENV" "cleanupHandover" "PODSNAP_CLEANUP_HANDOVER_S" "healthPort" "PODSNAP_HEALTH_PORT" "logLevel" "PODSNAP_LOG_LEVEL" "metricsPort" "PODSNAP_METRICS_PORT" "nodeName" "NODE_NAME" "placement" "PODSNAP_PLACEMENT" "prefetchConcurrency" "PODSNAP_PREFETCH_CONCURRENCY" "restorePickupTimeout" "PODSNAP_RESTORE_TIMEOUT_S" "restoreTimeout" "PODSNAP_RESTORE_MAX_S" "seccompProfile" "PODSNAP_SECCOMP_PROFILE" "stateDir" "PODSNAP_STATE_DIR" "tokenKeyDir" "PODSNAP_TOKEN_KEY_DIR" "webhookCertDir" "PODSNAP_WEBHOOK_CERT_DIR" "webhookPath" "PODSNAP_WEBHOOK_PATH" "webhookPort" "PODSNAP_WEBHOOK_PORT" -}}
 {{- if not (hasKey $table .) -}}
 {{- fail (printf "podsnap.envName: %q is not a key of podsnap.contract.CHART_ENV" .) -}}
 {{- end -}}
@@ -11,7 +11,7 @@
 
 {{- /* Where a container mounts KEY. */ -}}
 {{- define "podsnap.containerPath" -}}
-{{- $table := dict "artifactRoot" "/var/lib/podsnap/artifacts" "cacheDir" "/var/lib/podsnap/cache" "cgroupRoot" "/host/sys/fs/cgroup" "tokenKeyDir" "/etc/podsnap/token-key" "webhookCertDir" "/etc/podsnap/webhook-tls" -}}
+{{- $table := dict "artifactRoot" "/var/lib/podsnap/artifacts" "cacheDir" "/var/lib/podsnap/cache" "cgroupRoot" "/host/sys/fs/cgroup" "stateDir" "/var/lib/podsnap/state" "tokenKeyDir" "/etc/podsnap/token-key" "webhookCertDir" "/etc/podsnap/webhook-tls" -}}
 {{- if not (hasKey $table .) -}}
 {{- fail (printf "podsnap.containerPath: %q is not a key of podsnap.contract.CHART_PATHS" .) -}}
 {{- end -}}

@@ -3,6 +3,9 @@ anything, the executor gives each source back what its capture took (the engine'
 or checkpointed source is restored and unlocked, a tree CRIU left stopped is continued; a process that
 merely reuses the source's PID is never touched), and each content is Failed with reason AgentRestarted,
 its message saying what was recovered. The policy captures again with backoff.
+
+Only records of the node-local state directory are recovered (agent/state_dir.py): a record on the shared
+artifact volume, where agents before it kept them, is removed unread.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from podsnap import contract as c
 from podsnap.agent.artifacts import snapshot_of
 from podsnap.agent.executor import CaptureRecovered
 from podsnap.agent.runtime import AgentContext
+from podsnap.agent.state_dir import UnsafeStateDir, drop_volume_journal
 from podsnap.kube import conditions
 from podsnap.kube.conditions import Condition
 from podsnap.kube.events import event
@@ -31,7 +35,20 @@ def message_of(found: CaptureRecovered) -> str:
 def recover_captures(ctx: AgentContext, logger: kopf.Logger | Any) -> list[CaptureRecovered]:
     """Recover every capture left in flight on this node; fail its content (when it still exists and is not
     Ready). Returns what was found."""
-    found = ctx.executor.recover_captures()
+    dropped = drop_volume_journal(ctx.config.artifact_root, ctx.config.node_name)
+    if dropped:
+        logger.warning(
+            "removed %d capture journal record(s) from the artifact volume (%s), unread: anyone who can write the "
+            "volume could have planted them, so they are never recovered from; the journal is node-local now (%s)",
+            len(dropped),
+            ", ".join(dropped),
+            ctx.config.journal_dir,
+        )
+    try:
+        found = ctx.executor.recover_captures()
+    except UnsafeStateDir as exc:
+        logger.error("captures left in flight were not recovered: %s", exc)
+        return []
     for item in found:
         message = message_of(item)
         log = logger.error if item.problems else logger.warning

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from podsnap import contract as c
+from podsnap.agent.state_dir import JOURNAL
 from podsnap.kube.env import ConfigError, env_choice, env_int, env_path, env_port, env_str, log_level
 
 #: the node cache's defaults when the variables are unset (the chart always sets them)
@@ -39,6 +40,9 @@ class AgentConfig:
     prefetch_concurrency: int = 1
     #: label this node with the facts the restore gates compare (node_labels.py; values.yaml placement.enabled)
     placement: bool = True
+    #: node-local state only this node's agent writes, kept across its restarts (agent/state_dir.py;
+    #: values.yaml agent.stateDir): the capture journal
+    state_dir: Path = Path(c.STATE_DIR_IN_AGENT)
 
     @property
     def logs_dir(self) -> Path:
@@ -47,10 +51,11 @@ class AgentConfig:
 
     @property
     def journal_dir(self) -> Path:
-        """The journal records of this node's captures in flight (engine/_journal.py): on the artifact
-        volume, so they outlive the agent's pod (a restarted agent recovers the sources they name), in a
-        directory of this node's own; each record also names the boot it was written in."""
-        return self.artifact_root / ".journal" / self.node_name
+        """The journal records of this node's captures in flight (engine/_journal.py): in the node-local state
+        directory, so they outlive the agent's pod (a restarted agent recovers the sources they name) and
+        nobody but this node's agent can write one (never the shared artifact volume: a record makes this
+        agent act on a PID of its node). Each record also names the boot it was written in."""
+        return self.state_dir / JOURNAL
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AgentConfig:
@@ -75,7 +80,15 @@ class AgentConfig:
             ),
             prefetch_concurrency=_bounded(c.ENV_PREFETCH_CONCURRENCY, 1, 0, 64, environ),
             placement=env_choice(c.ENV_PLACEMENT, ("true", "false"), "true", environ) == "true",
+            state_dir=_absolute(c.ENV_STATE_DIR, c.STATE_DIR_IN_AGENT, environ),
         )
+
+
+def _absolute(name: str, default: str, environ: Mapping[str, str] | None) -> Path:
+    path = env_path(name, default, environ)
+    if not path.is_absolute():
+        raise ConfigError(f"{name}={str(path)!r}: expected an absolute path")
+    return path
 
 
 def _quantity(name: str, default: str, environ: Mapping[str, str] | None) -> int:

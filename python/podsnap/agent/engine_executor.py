@@ -9,6 +9,7 @@ reasons here and nowhere else.
 from __future__ import annotations
 
 import contextlib
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from podsnap.agent.executor import (
     RestoreRequest,
     RestoreResult,
 )
+from podsnap.agent.state_dir import UnsafeStateDir, private_dir
 
 
 def source_facts(facts: Any) -> dict[str, Any]:
@@ -83,9 +85,15 @@ class EngineExecutor:
         self.cuda = cuda
 
     def _journal(self, request: CaptureRequest) -> Path | None:
+        """Where this capture's record goes; checked before each capture (state_dir.private_dir), so a record
+        is never written through a symlink or into a directory someone else can write."""
         if self.journal_dir is None:
             return None
-        return self.journal_dir / f"{request.content or request.pod.uid}.json"
+        try:
+            journal = private_dir(self.journal_dir)
+        except UnsafeStateDir as exc:
+            raise ExecutionError(f"capture not started: {exc}", reason=c.REASON_CAPTURE_FAILED) from exc
+        return journal / f"{request.content or request.pod.uid}.json"
 
     def capture(self, request: CaptureRequest) -> CaptureResult:
         from podsnap import engine
@@ -157,16 +165,20 @@ class EngineExecutor:
         return RestoreResult(pids=result.pids or (result.pid,), timings_ms=dict(result.timings_ms))
 
     def recover_captures(self) -> list[CaptureRecovered]:
-        """Every journal record left in `journal_dir`: its source recovered by the engine, the record removed."""
+        """Every journal record left in `journal_dir`: its source recovered by the engine, the record removed.
+        UnsafeStateDir when the directory is not this agent's own (then nothing in it is read)."""
         from podsnap import engine
 
-        if self.journal_dir is None or not self.journal_dir.is_dir():
+        if self.journal_dir is None:
             return []
+        journal = private_dir(self.journal_dir)
         found: list[CaptureRecovered] = []
-        for path in sorted(self.journal_dir.glob("*.json")):
-            # one bad record (a malformed file on the volume, a driver that raises) must neither stop the
-            # agent from starting nor be tried again at every start: it is reported and removed
+        for path in sorted(journal.glob("*.json")):
+            # one bad record (a malformed file, a driver that raises) must neither stop the agent from
+            # starting nor be tried again at every start: it is reported and removed
             try:
+                if not stat.S_ISREG(path.lstat().st_mode):
+                    raise ValueError("not a regular file")  # a symlink: never followed
                 record = engine.read_capture_journal(path)
                 recovery = engine.recover_capture(record, cuda=self.cuda)
             except Exception as exc:
@@ -183,7 +195,7 @@ class EngineExecutor:
                 )
             finally:
                 path.unlink(missing_ok=True)
-        for tmp in self.journal_dir.glob(".*.tmp"):  # a write that died before its rename
+        for tmp in journal.glob(".*.tmp"):  # a write that died before its rename
             tmp.unlink(missing_ok=True)
         return found
 

@@ -20,8 +20,10 @@ from podsnap.agent.metrics import AgentMetrics
 from podsnap.agent.node_labels import labelling
 from podsnap.agent.on_prefetch import prefetch_loop
 from podsnap.agent.runtime import AgentContext
+from podsnap.agent.state_dir import UnsafeStateDir, private_dir
 from podsnap.kube import entrypoint
 from podsnap.kube.client import Credentials, Kube
+from podsnap.kube.env import ConfigError
 from podsnap.kube.tokens import TokenKey
 
 log = logging.getLogger(__name__)
@@ -121,6 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.kubeconfig:
         config.kubeconfig = args.kubeconfig
     entrypoint.configure_logging(config.log_level, verbose=args.verbose)
+    try:
+        # before anything runs: the journal a restarted agent recovers from must be this agent's own
+        private_dir(config.journal_dir)
+    except UnsafeStateDir as exc:
+        raise ConfigError(str(exc)) from None
     ctx = build_context(config)
     ctx.metrics.serve(config.metrics_port)
     asyncio.run(run(ctx))
