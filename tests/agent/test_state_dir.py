@@ -145,4 +145,10 @@ def test_records_of_the_old_volume_location_are_removed_unread(tmp_path: Path, s
     (keep / "x.json").write_text("{}")
     (artifacts / ".journal" / "node-a").symlink_to(keep)
     assert drop_volume_journal(artifacts, "node-a") == ["node-a"]
-    assert (keep / "x.json").exists()
+    assert (keep / "x.json").exists() and not (artifacts / ".journal").exists()
+    # ... or in place of .journal itself: the link goes, and nothing below what it points at
+    (keep / "node-a").mkdir()
+    (keep / "node-a" / "c-9.json").write_text("{}")
+    (artifacts / ".journal").symlink_to(keep)
+    assert drop_volume_journal(artifacts, "node-a") == [".journal"]
+    assert (keep / "node-a" / "c-9.json").exists() and not (artifacts / ".journal").exists()

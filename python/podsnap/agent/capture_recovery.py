@@ -35,7 +35,11 @@ def message_of(found: CaptureRecovered) -> str:
 def recover_captures(ctx: AgentContext, logger: kopf.Logger | Any) -> list[CaptureRecovered]:
     """Recover every capture left in flight on this node; fail its content (when it still exists and is not
     Ready). Returns what was found."""
-    dropped = drop_volume_journal(ctx.config.artifact_root, ctx.config.node_name)
+    try:
+        dropped = drop_volume_journal(ctx.config.artifact_root, ctx.config.node_name)
+    except OSError as exc:  # never read either way; the next start tries again
+        logger.warning("could not remove the old capture journal on the artifact volume: %s", exc)
+        dropped = []
     if dropped:
         logger.warning(
             "removed %d capture journal record(s) from the artifact volume (%s), unread: anyone who can write the "

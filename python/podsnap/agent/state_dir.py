@@ -49,19 +49,24 @@ def _check(path: Path, *, private: bool) -> None:
         raise _refuse(path, f"can be written by others (mode {stat.S_IMODE(st.st_mode):04o})")
 
 
+def _make(path: Path, *, parents: bool) -> None:
+    try:
+        path.mkdir(mode=0o700, parents=parents, exist_ok=True)
+    except FileExistsError:
+        pass  # a dangling symlink or a file: _check says which
+    except OSError as exc:
+        raise _refuse(path, f"cannot be made ({exc.strerror})") from None
+
+
 def private_dir(path: Path) -> Path:
     """`path` (the journal: `<state dir>/journal`), made 0700 when missing, once it and its parent, the state
     directory, are directories of this process's uid reached through no symlink, and nobody else can write
     the state directory; UnsafeStateDir otherwise. Checked at every use, not once at start: a capture writes
     its record here, and recovery acts on what it reads."""
-    try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        path.mkdir(mode=0o700, exist_ok=True)
-    except FileExistsError:
-        pass  # a dangling symlink or a file: _check says which
-    except OSError as exc:
-        raise _refuse(path, f"cannot be made ({exc.strerror})") from None
+    # the state directory first: nothing is made through a link there
+    _make(path.parent, parents=True)
     _check(path.parent, private=True)
+    _make(path, parents=False)
     _check(path, private=False)
     # ours (checked above): nobody but this uid reads or writes the records, whatever the umask made it
     path.chmod(0o700)
@@ -73,6 +78,14 @@ def drop_volume_journal(artifact_root: Path, node: str) -> list[str]:
     kept) without reading a record of it: anyone who can write the volume could have planted them. Returns
     the names removed, for one warning; the `.journal` directory goes too once no node has one left."""
     volume_journal = artifact_root / VOLUME_JOURNAL
+    try:
+        top = volume_journal.lstat()
+    except FileNotFoundError:
+        return []
+    if not stat.S_ISDIR(top.st_mode):
+        # a link planted in its place would lead the removal below elsewhere: only the link goes
+        volume_journal.unlink()
+        return [VOLUME_JOURNAL]
     path = volume_journal / node
     try:
         st = path.lstat()
