@@ -15,6 +15,7 @@ import pytest
 
 from podsnap import contract as c
 from podsnap.agent import main as agent_main
+from podsnap.agent import on_pod, restore_record
 from podsnap.operator.restore_pod import shape
 from tests.support.harness import cgroups_writable, condition
 from tests.support.operator_env import NODE, OTHER_NODE, Env, golden, podsnapshot, restore_token, running_pod
@@ -105,6 +106,9 @@ def test_a_restore_the_earlier_agent_left_half_done_is_killed_and_the_pod_falls_
     env.cluster.kubelet_bind(ns, "r", NODE)
     placeholder = env.cluster.kubelet_container({c.ENV_CONTROL_DIR: str(control)})
     env.cluster.kubelet_run(ns, "r", ready=False, container_ids={"main": placeholder.container_id})
+    # the earlier agent's own record of the restore it began: what makes it an interrupted one
+    uid = (env.cluster.pod(ns, "r") or {})["metadata"]["uid"]
+    restore_record.begin(on_pod.records(env.agent_ctx), uid, placeholder.container_id)
     in_progress = {
         "type": c.POD_CONDITION_RESTORED,
         "status": "False",
@@ -137,6 +141,7 @@ def test_a_restore_the_earlier_agent_left_half_done_is_killed_and_the_pod_falls_
         what="the placeholder told to start cold, with the cause",
     )
     assert not env.executor.of("restore", "r", ns), "nothing is restored into it again"
+    assert restore_record.interrupted(on_pod.records(env.agent_ctx), uid) is None, "the record is dropped"
 
 
 def test_a_running_agent_sweeps_leftovers_next_to_its_ready_artifacts(env: Env, ns: str) -> None:

@@ -18,13 +18,16 @@ from typing import Any
 import pytest
 
 from podsnap import contract as c
+from podsnap.agent import main as agent_main
+from podsnap.agent import on_pod, restore_record
 from podsnap.operator.restore_pod import shape
-from tests.support.harness import cgroups_writable, condition, new_container_id, pod_cgroup
+from tests.support.harness import cgroups_writable, cond_is, condition, new_container_id, pod_cgroup
 from tests.support.operator_env import (
     NODE,
     Env,
     capture_token,
     failed_with,
+    golden,
     podsnapshot,
     restore_token,
     running_pod,
@@ -39,25 +42,33 @@ pytestmark = pytest.mark.skipif(cgroups_writable() is not None, reason=str(cgrou
 VICTIM_ID = "0" + new_container_id()[1:]
 
 
-@pytest.fixture
-def victim() -> Iterator[int]:
-    """A worker of another pod, as CRIU leaves a restored one: a child of its pod's PID 1 (a PID namespace of
-    its own), in its container's cgroup under that pod's (systemd layout), its container ID starting with 0."""
+@contextlib.contextmanager
+def adopted_worker() -> Iterator[int]:
+    """A worker as CRIU leaves a restored one: a child of its pod's PID 1 (a PID namespace of its own)."""
     unshare = subprocess.Popen(["unshare", "--pid", "--fork", "sh", "-c", "sleep 300 & wait"])
-    cgroup = pod_cgroup(str(uuid.uuid4()), VICTIM_ID, systemd=True)
     pause = 0
     try:
-        pause = wait_for(lambda: (k := children_of(unshare.pid)) and k[0], what="the victim pod's PID 1")
-        worker = wait_for(lambda: (k := children_of(pause)) and k[0], what="the victim's worker")
-        cgroup.mkdir(parents=True)
-        (cgroup / "cgroup.procs").write_text(str(worker))
-        yield worker
+        pause = wait_for(lambda: (k := children_of(unshare.pid)) and k[0], what="the pod's PID 1")
+        yield wait_for(lambda: (k := children_of(pause)) and k[0], what="the worker")
     finally:
         if pause:  # the namespace's PID 1 takes every process of its namespace with it; unshare alone would not
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pause, signal.SIGKILL)
         unshare.kill()
         unshare.wait()
+
+
+@pytest.fixture
+def victim() -> Iterator[int]:
+    """A restored worker of another pod, in its container's cgroup under that pod's (systemd layout), its
+    container ID starting with 0."""
+    cgroup = pod_cgroup(str(uuid.uuid4()), VICTIM_ID, systemd=True)
+    try:
+        with adopted_worker() as worker:
+            cgroup.mkdir(parents=True)
+            (cgroup / "cgroup.procs").write_text(str(worker))
+            yield worker
+    finally:
         wait_for(lambda: not cgroup.exists() or not (cgroup / "cgroup.procs").read_text().strip(), what="empty")
         for d in (cgroup, cgroup.parent):
             with contextlib.suppress(OSError):
@@ -187,3 +198,52 @@ def test_a_capture_pod_naming_another_container_is_refused(env: Env, ns: str, sp
     assert wait_for(lambda: events(env, ns, c.REASON_CONTAINER_REFUSED, steal), what="a Warning Event")
     assert not env.executor.of("capture", src, ns), "nothing is captured"
     assert other.proc is not None and other.proc.poll() is None, "the other pod's container keeps running"
+
+
+def test_a_restore_only_the_status_claims_kills_nothing_even_in_the_pods_own_container(
+    env: Env, ns: str, tmp_path: Path
+) -> None:
+    """That a restore was interrupted is the agent's own record's word (agent/restore_record.py): a pod podsnap
+    shaped (token valid) whose user writes `RestoreInProgress` into its status, with its own container's
+    whole ID, gets no process of that container killed; it falls back to cold as after any restart."""
+    control = tmp_path / "ctl"
+    env.agent.stop()  # the claim is read by a starting agent, as after a real interruption
+    try:
+        attacker_pod(env, ns, "r", control, restore_token(env, ns, "x"))
+        placeholder = env.cluster.kubelet_container({c.ENV_CONTROL_DIR: str(control)})
+        env.cluster.kubelet_run(ns, "r", ready=False, container_ids={"main": placeholder.container_id})
+        status = spoofed_status(f"containerd://{placeholder.container_id}", restoring=True)
+        env.cluster.kube.core.patch_namespaced_pod_status("r", ns, {"status": status})
+        with adopted_worker() as worker:
+            (placeholder.cgroup / "cgroup.procs").write_text(str(worker))  # adopted by the pod's PID 1
+            env.agent.ctx = agent_main.build_context(env.agent_ctx.config, env.executor, env.agent_ctx.node_facts)
+            env.agent.start()
+            cond = verdict(env, ns, "r")
+            assert cond["reason"] == c.REASON_FELL_BACK_TO_COLD_START, cond
+            assert "has no record of beginning it, so nothing was killed" in cond["message"], cond
+            assert alive(worker), "a process of the pod's container was killed on the status' word"
+    finally:
+        if env.agent.thread is None:
+            env.agent.start()
+
+
+def test_the_agent_records_a_restore_before_criu_runs_and_drops_the_record_after(
+    env: Env, ns: str, tmp_path: Path
+) -> None:
+    """The record a successor would act on exists exactly while the restore runs, naming the container."""
+    from tests.operator.test_tokens import handmade_restore_pod
+
+    seen: list[str | None] = []
+    records = on_pod.records(env.agent_ctx)
+    env.executor.during_restore = lambda req: (
+        seen.append(restore_record.interrupted(records, req.pod.uid)) if req.pod.namespace == ns else None
+    )
+    try:
+        golden(env, ns)
+        pod = handmade_restore_pod(env, ns, "r", "golden", tmp_path / "ctl", token=restore_token(env, ns, "golden"))
+        [call] = wait_for(lambda: env.executor.of("restore", "r", ns), what="the restore")
+        wait_for(lambda: cond_is(env.cluster.pod(ns, "r"), c.POD_CONDITION_RESTORED), what="restored")
+    finally:
+        env.executor.during_restore = None
+    assert seen == [call.request.pod.container_id.split("://")[-1]], f"recorded before CRIU, with its container: {seen}"
+    assert restore_record.interrupted(records, pod["metadata"]["uid"]) is None, "dropped with the verdict"

@@ -10,6 +10,7 @@ import json
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,8 @@ class RecordingExecutor:
     #: namespace -> exception every capture of a pod there raises (pod names a Job picks are not known ahead)
     fail_capture_in: dict[str, ExecutionError] = field(default_factory=dict)
     capture_delay_s: float = 0.0
+    #: called with each restore request, where CRIU would run (what the agent has done before it, observed)
+    during_restore: Callable[[RestoreRequest], None] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _record(self, op: str, request: Any) -> None:
@@ -88,6 +91,8 @@ class RecordingExecutor:
 
     def restore(self, request: RestoreRequest) -> RestoreResult:
         self._record("restore", request)
+        if self.during_restore is not None:
+            self.during_restore(request)
         if request.pod.name in self.fail_restore:
             raise self.fail_restore[request.pod.name]
         self.check(request.artifact_dir, request.expected_digest)

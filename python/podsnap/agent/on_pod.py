@@ -7,6 +7,7 @@ agent leaves no bookkeeping annotations on it beyond `restored-container-ids`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -17,7 +18,7 @@ from typing import Any
 import kopf
 
 from podsnap import contract as c
-from podsnap.agent import control, gates
+from podsnap.agent import control, gates, restore_record
 from podsnap.agent.artifacts import invalidate
 from podsnap.agent.authz import Refused, restore_target
 from podsnap.agent.containers import (
@@ -32,6 +33,7 @@ from podsnap.agent.containers import (
 from podsnap.agent.executor import ArtifactUnusable, ExecutionError, IncompatibleError, PodRef, RestoreRequest
 from podsnap.agent.on_content import artifact_dir
 from podsnap.agent.runtime import AgentContext, ctx_of, registry
+from podsnap.agent.state_dir import UnsafeStateDir, private_dir
 from podsnap.controldir import ControlDir
 from podsnap.kube import conditions
 from podsnap.kube.conditions import Condition
@@ -85,8 +87,11 @@ def _running_container_id(pod: Mapping[str, Any], container: str) -> str | None:
 def pod_restore(*, body: kopf.Body, type: str | None, memo: Any, logger: kopf.Logger, **_: Any) -> None:
     ctx = ctx_of(memo)
     if type == "DELETED":
+        uid = str((body.get("metadata") or {}).get("uid"))
         with ctx.lock:
-            ctx.started.discard(str((body.get("metadata") or {}).get("uid")))
+            ctx.started.discard(uid)
+        with contextlib.suppress(UnsafeStateDir, OSError):  # a record its restore's verdict did not remove
+            restore_record.end(records(ctx), uid)
         return
     pod: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod", **dict(body)}
     meta = pod["metadata"]
@@ -106,9 +111,10 @@ def pod_restore(*, body: kopf.Body, type: str | None, memo: Any, logger: kopf.Lo
     try:
         container = annotations.get(c.ANNOTATION_RESTORE_CONTAINER) or pod["spec"]["containers"][0]["name"]
         cid = _running_container_id(pod, container)
-        if reason == c.REASON_RESTORE_IN_PROGRESS:
+        recorded = _recorded(ctx, uid)
+        if recorded is not None or reason == c.REASON_RESTORE_IN_PROGRESS:
             # an earlier agent died mid-restore; whatever it left is not trusted to serve: the pod starts cold
-            abandon(ctx, pod, snapshot=snapshot, container=container, cid=cid)
+            abandon(ctx, pod, snapshot=snapshot, container=container, cid=cid, recorded=recorded)
             return
         if cid is None:
             return  # the placeholder is not running yet; a later event brings it
@@ -118,6 +124,20 @@ def pod_restore(*, body: kopf.Body, type: str | None, memo: Any, logger: kopf.Lo
     finally:
         with ctx.lock:
             ctx.restoring.discard(uid)
+
+
+def records(ctx: AgentContext) -> Path:
+    """This node's restore records (restore_record.py), in the node-local state directory, checked at each
+    use like the capture journal's (state_dir.private_dir)."""
+    return private_dir(ctx.config.state_dir / restore_record.RESTORING)
+
+
+def _recorded(ctx: AgentContext, uid: str) -> str | None:
+    try:
+        return restore_record.interrupted(records(ctx), uid)
+    except UnsafeStateDir as exc:
+        log.error("%s", exc)
+        return None
 
 
 def container_ref(pod: Mapping[str, Any], cid: str) -> ContainerRef:
@@ -184,33 +204,63 @@ def _fail(
             log.warning("could not tell %s to start cold: %s", pod["metadata"]["name"], exc)
 
 
-def abandon(ctx: AgentContext, pod: Mapping[str, Any], *, snapshot: str, container: str, cid: str | None) -> None:
+def abandon(
+    ctx: AgentContext,
+    pod: Mapping[str, Any],
+    *,
+    snapshot: str,
+    container: str,
+    cid: str | None,
+    recorded: str | None,
+) -> None:
     """A restore an earlier agent process began and never finished: kill whatever it restored into the
     container (a tree CRIU left stopped before its memory was filled, or running without its GPU state),
     then fall back.
 
-    The condition that sent us here is in the pod's status, which its namespace's users may write: so
-    before anything is killed or written, the pod must carry podsnap's restore token, and the container
-    must be the pod's own (its whole ID, under the pod's cgroup)."""
+    That a restore was interrupted, and into which container, is this node's own record's word
+    (`recorded`, restore_record.py), never the pod's status, which its namespace's users may write: a
+    `RestoreInProgress` condition without a record kills nothing. And before anything is killed or
+    written, the pod must carry podsnap's restore token, and the container must be the pod's own (its
+    whole ID, under the pod's cgroup)."""
+    uid = str(pod["metadata"]["uid"])
     killed: list[int] = []
     ref: ContainerRef | None = None
+    note = ""
     try:
         restore_target(ctx.tokens, pod, snapshot=snapshot, container=container)
         if cid is not None:
             ref = container_ref(pod, cid)
-            # refuses (ContainerRefused) before it kills anything when the ID is another pod's container's
+            with contextlib.suppress(ContainerNotRunning):  # refuses another pod's container (ContainerRefused)
+                find_processes(ref, ctx.config.proc_root)
+        if recorded is None:
+            note = "; this node's agent has no record of beginning it, so nothing was killed"
+        elif ref is None or ref.container_id != recorded:
+            # the container restored into is gone (restarted: its processes went with it), or not the named one
+            note = f"; the container it restored into ({recorded[:12]}) is not running, so nothing was killed"
+        else:
             killed = kill_restored(ref, ctx.config.proc_root)
     except Refused as exc:
         _fail(ctx, pod, exc.reason, str(exc), None, fallback=False)
+        _forget(ctx, uid)
         return
     except ContainerRefused as exc:
         _fail(ctx, pod, c.REASON_CONTAINER_REFUSED, str(exc), None, fallback=False)
+        _forget(ctx, uid)
         return
     except OSError as exc:
         log.warning("could not look for what was restored into %s: %s", pod["metadata"]["name"], exc)
     ctl = None if ref is None else _control_dir(ctx, pod, container, ref)
-    extra = f"; killed what it had restored (pids {killed})" if killed else ""
+    extra = f"; killed what it had restored (pids {killed})" if killed else note
     _fail(ctx, pod, c.REASON_AGENT_RESTARTED, f"the node agent restarted during the restore{extra}", ctl)
+    _forget(ctx, uid)
+
+
+def _forget(ctx: AgentContext, uid: str) -> None:
+    """The restore of pod `uid` has its verdict: drop this node's record of it."""
+    try:
+        restore_record.end(records(ctx), uid)
+    except (UnsafeStateDir, OSError) as exc:
+        log.warning("could not remove the restore record of pod %s: %s", uid, exc)
 
 
 def _claim(ctl: ControlDir) -> bool:
@@ -270,6 +320,15 @@ def bound_artifact(ctx: AgentContext, namespace: str, snapshot: str) -> BoundArt
 def restore(
     ctx: AgentContext, pod: Mapping[str, Any], *, snapshot: str, container: str, cid: str, logger: kopf.Logger
 ) -> None:
+    _restore(ctx, pod, snapshot=snapshot, container=container, cid=cid, logger=logger)
+    # the verdict is on the pod; when it could not be written (an exception), the record stays and a later
+    # agent process abandons the restore, as when this one dies mid-restore
+    _forget(ctx, str(pod["metadata"]["uid"]))
+
+
+def _restore(
+    ctx: AgentContext, pod: Mapping[str, Any], *, snapshot: str, container: str, cid: str, logger: kopf.Logger
+) -> None:
     meta = pod["metadata"]
     started = time.monotonic()
     ctl: ControlDir | None = None
@@ -282,7 +341,8 @@ def restore(
         spec_container = container_of(pod, container)
         if spec_container is None:
             raise ExecutionError(f"container {container!r} is not in the pod", reason=c.REASON_RESTORE_FAILED)
-        procs = find_processes(container_ref(pod, cid), ctx.config.proc_root)
+        ref = container_ref(pod, cid)
+        procs = find_processes(ref, ctx.config.proc_root)
         ctl = control.control_dir(procs.root, control_dir_of(spec_container), ctx.config.proc_root)
         artifact = bound_artifact(ctx, meta["namespace"], snapshot)
         skipped = gates.check(pod, container, artifact.source, skip=claims.skip_compat)
@@ -295,6 +355,10 @@ def restore(
             message = f"the container started its command cold: no restore began within its {c.ENV_RESTORE_TIMEOUT}"
             _fail(ctx, pod, c.REASON_ALREADY_COLD, message, None)
             return
+        try:  # before CRIU runs: a successor of this agent process finds it, whatever the pod's status says
+            restore_record.begin(records(ctx), meta["uid"], ref.container_id)
+        except UnsafeStateDir as exc:
+            raise ExecutionError(str(exc), reason=c.REASON_RESTORE_FAILED) from None
         set_restored(ctx, pod, False, c.REASON_RESTORE_IN_PROGRESS, f"restoring from {snapshot}")
         event(pod, type_="Normal", reason=c.REASON_RESTORE_IN_PROGRESS, message=f"restoring from {snapshot}")
         request = RestoreRequest(
