@@ -41,7 +41,7 @@ class AgentConfig:
     #: label this node with the facts the restore gates compare (node_labels.py; values.yaml placement.enabled)
     placement: bool = True
     #: node-local state only this node's agent writes, kept across its restarts (agent/state_dir.py;
-    #: values.yaml agent.stateDir): the capture journal
+    #: values.yaml agent.stateDir): the capture journal and the restore records (restore_record.py)
     state_dir: Path = Path(c.STATE_DIR_IN_AGENT)
 
     @property
