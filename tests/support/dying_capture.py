@@ -4,21 +4,23 @@
 
 runs the engine's real capture of PID (real CRIU) with the journal at JOURNAL, and dies at DIE_AT:
 `lock` or `checkpoint` (it hangs after that driver call and writes OUT.hung; the test kills it), or
-`criu_dump` (once CRIU has written part of the images it SIGKILLs its own process group, CRIU included,
-with the tree seized). CUDA: a directory, for the FAKE driver of tests/support/fake_cuda.py keeping its
+`criu_dump` (once CRIU has written 1 MiB of a pages image it SIGKILLs its own process group, CRIU
+included, with the tree seized). CUDA: a directory, for the FAKE driver of tests/support/fake_cuda.py keeping its
 state there, or `real` for the host's driver (tests/gpu).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from podsnap.engine import CaptureOptions, CudaCheckpointer, Progress, capture, default_checkpointer
+from podsnap.engine import CaptureOptions, CudaCheckpointer, capture, default_checkpointer
 from tests.support.fake_cuda import FakeCudaDriver
 
 
@@ -61,6 +63,16 @@ class HangAfter:
         return self.inner.restore_thread_id(pid)
 
 
+def _die_mid_dump(out: Path) -> None:
+    """SIGKILL this process group (CRIU included) once a pages image in `out`'s staging dir has 1 MiB."""
+    while True:
+        for image in out.parent.glob(f".{out.name}.staging-*/criu/pages-*.img"):
+            with contextlib.suppress(OSError):
+                if image.stat().st_size >= 1 << 20:
+                    os.killpg(0, signal.SIGKILL)
+        time.sleep(0.001)
+
+
 def main(argv: list[str]) -> None:
     pid, out, journal, cuda_arg, die_at = int(argv[0]), Path(argv[1]), Path(argv[2]), argv[3], argv[4]
     hang = die_at if die_at in ("lock", "checkpoint") else None
@@ -72,12 +84,13 @@ def main(argv: list[str]) -> None:
     else:
         cuda = FakeCudaDriver(Path(cuda_arg), hang_after=hang)
 
-    def progress(p: Progress) -> None:
-        if die_at == "criu_dump" and p.phase == "criu_dump" and p.done > 0 and not p.finished:
-            os.killpg(0, signal.SIGKILL)
+    if die_at == "criu_dump":
+        # the engine reports the dump's progress every 0.25 s, and a small worker's dump can end sooner:
+        # watch the staging dir itself and die as soon as CRIU has written part of a pages image
+        threading.Thread(target=_die_mid_dump, args=(out,), daemon=True).start()
 
     options = CaptureOptions(journal=journal, journal_note={"content": "c-1"})
-    capture(pid, out, options, cuda=cuda, progress=progress)
+    capture(pid, out, options, cuda=cuda)
     sys.exit("the capture finished: it was meant to die")
 
 
