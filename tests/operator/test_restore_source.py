@@ -182,6 +182,8 @@ def test_failure_messages_are_one_line_that_says_where_the_log_is(env: Env, ns: 
         what="a FellBackToColdStart Event",
     )
     assert "\n" not in events[0].message and f"(full log: {log})" in events[0].message
-    # the placeholder was told, in one line too
-    told = (tmp_path / "ctl" / c.FILE_RESTORE_FAILED).read_text()
+    # the placeholder was told, in one line too (the agent writes the file just after the condition)
+    told_file = tmp_path / "ctl" / c.FILE_RESTORE_FAILED
+    wait_for(told_file.exists, what=f"{told_file} written")
+    told = told_file.read_text()
     assert told.count("\n") == 1 and told.startswith(f"{c.REASON_RESTORE_FAILED}: restore failed")
