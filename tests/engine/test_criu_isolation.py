@@ -39,6 +39,7 @@ from podsnap.engine import (
     capture,
     restore,
 )
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -161,14 +162,6 @@ def _alive(pid: int) -> bool:
     return _state(pid) not in ("Z", "gone")
 
 
-def _wait_for(what: str, check: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
 @dataclass(frozen=True)
 class Report:
     token: str
@@ -188,7 +181,12 @@ class RootPod:
             f"{root}/bin/podtest pod {root} </dev/null >{log} 2>&1"
         )
         subprocess.run(["setsid", "-f", "sh", "-c", cmd], check=True)
-        _wait_for("the pod to start", lambda: "pod ready" in (log.read_text() if log.exists() else ""))
+        wait_for(
+            lambda: "pod ready" in (log.read_text() if log.exists() else ""),
+            what="the pod to start",
+            timeout=20,
+            interval=0.02,
+        )
         self.unshare_pid = int(pidfile.read_text())
         children = Path(f"/proc/{self.unshare_pid}/task/{self.unshare_pid}/children").read_text().split()
         self.init_pid = int(children[0])
@@ -204,7 +202,7 @@ class RootPod:
         )
         assert r.returncode == 0, r.stderr
         ready = self.root / "state" / "ready"
-        _wait_for("the worker to start", ready.exists)
+        wait_for(ready.exists, what="the worker to start", timeout=20, interval=0.02)
         token, ns_pid = ready.read_text().split()
         assert int(ns_pid) == int(r.stdout)
         return int(ns_pid), _host_pid(int(ns_pid), self.init_pid), token
@@ -214,7 +212,12 @@ class RootPod:
         report = self.root / "state" / "report"
         seen = len(report.read_text().splitlines()) if report.exists() else 0
         os.kill(host_pid, signal.SIGUSR1)
-        _wait_for("the worker's report", lambda: report.exists() and len(report.read_text().splitlines()) > seen)
+        wait_for(
+            lambda: report.exists() and len(report.read_text().splitlines()) > seen,
+            what="the worker's report",
+            timeout=20,
+            interval=0.02,
+        )
         token, checksum, count = report.read_text().splitlines()[-1].split()
         return Report(token, checksum, int(count))
 
@@ -248,7 +251,7 @@ def _round_trip(criu: Criu, src: RootPod, dst: RootPod, art: Path) -> None:
     before = src.ask(host_pid)
     assert before.token == token and before.count == 1
     capture(host_pid, art, CaptureOptions(namespace_pid=src.init_pid, criu=AGENT_CRIU), criu=criu)
-    _wait_for("the dumped worker to go", lambda: not _alive(host_pid))
+    wait_for(lambda: not _alive(host_pid), what="the dumped worker to go", timeout=20, interval=0.02)
     restored = restore(art, RestoreOptions(namespace_pid=dst.init_pid, criu=AGENT_CRIU), criu=criu)
     after = dst.ask(restored.pid)
     assert (after.token, after.checksum) == (before.token, before.checksum), "memory came back bit-exact"
@@ -341,7 +344,7 @@ class CriuWatcher:
         nsenter = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
         os.kill(pid, signal.SIGSTOP)
         try:
-            _wait_for("CRIU to stop", lambda: _state(pid) == "T")
+            wait_for(lambda: _state(pid) == "T", what="CRIU to stop", timeout=20, interval=0.02)
             sample = FdSample(pid)
             for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
                 sample.mounts.add(int(line.split()[0]))
@@ -356,8 +359,13 @@ class CriuWatcher:
             self.samples.append(sample)
         finally:
             # nsenter stops itself when its child stops, and continues the child once it is continued
-            with contextlib.suppress(TimeoutError):
-                _wait_for("nsenter to follow its child", lambda: _state(nsenter) in ("T", "gone"), timeout_s=5)
+            with contextlib.suppress(AssertionError):  # wait_for times out with AssertionError
+                wait_for(
+                    lambda: _state(nsenter) in ("T", "gone"),
+                    what="nsenter to follow its child",
+                    timeout=5,
+                    interval=0.02,
+                )
             for p in (nsenter, pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(p, signal.SIGCONT)
@@ -381,7 +389,7 @@ def test_criu_holds_no_directory_of_the_agent_but_the_images_and_work_dirs(
 
     with CriuWatcher(criu.binary.exe) as watcher:
         criu.dump(ns_pid, images, dump_work, AGENT_CRIU, namespace_pid=src.init_pid)
-        _wait_for("the dumped worker to go", lambda: not _alive(host_pid))
+        wait_for(lambda: not _alive(host_pid), what="the dumped worker to go", timeout=20, interval=0.02)
         restored_ns_pid = criu.restore(images, restore_work, AGENT_CRIU, namespace_pid=dst.init_pid)
     assert restored_ns_pid == ns_pid
     assert dst.ask(_host_pid(ns_pid, dst.init_pid)).checksum == before.checksum
@@ -456,16 +464,16 @@ def test_an_established_connection_is_dumped_without_running_any_program(criu: C
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    _wait_for("the connected pair to start", pidfile.exists)
+    wait_for(pidfile.exists, what="the connected pair to start", timeout=20, interval=0.02)
     pid = int(pidfile.read_text())
     try:
         result = capture(pid, tmp_path / "art", CaptureOptions(cuda="off"), criu=criu)
         assert "tcp-established" in result.manifest.criu_options
         assert "refused to run" not in (tmp_path / "art" / "logs" / "dump.log").read_text()
-        _wait_for("the dumped pair to go", lambda: not _alive(pid))
+        wait_for(lambda: not _alive(pid), what="the dumped pair to go", timeout=20, interval=0.02)
         restored = restore(tmp_path / "art", criu=criu)
         os.kill(restored.pid, signal.SIGUSR1)
-        _wait_for("a ping over the restored connection", out.exists)
+        wait_for(out.exists, what="a ping over the restored connection", timeout=20, interval=0.02)
         assert out.read_text() == "ping"
     finally:
         with contextlib.suppress(ProcessLookupError):

@@ -14,7 +14,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from podsnap.engine import (
 from podsnap.engine import _nsenter as nsenter
 from podsnap.engine import _proctree as proctree
 from tests.support.processes import Pod
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -45,14 +45,6 @@ NOBODY = 65534
 
 def _children(pid: int) -> list[int]:
     return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-
-
-def _wait_for(what: str, check: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def _plant_script(marker_dir: Path) -> str:
@@ -81,10 +73,15 @@ class FakeProcPod:
             f'{drop}sh -c "$0" </dev/null >{log} 2>&1'
         )
         subprocess.run(["setsid", "-f", "sh", "-c", cmd, _plant_script(marker_dir)], check=True)
-        _wait_for("the pod to plant its /proc", lambda: "ready" in (log.read_text() if log.exists() else ""))
+        wait_for(
+            lambda: "ready" in (log.read_text() if log.exists() else ""),
+            what="the pod to plant its /proc",
+            timeout=20,
+            interval=0.02,
+        )
         self.unshare_pid = int(pidfile.read_text())
         (self.init_pid,) = _children(self.unshare_pid)
-        _wait_for("the worker", lambda: len(_children(self.init_pid)) == 1)
+        wait_for(lambda: len(_children(self.init_pid)) == 1, what="the worker", timeout=20, interval=0.02)
         (self.worker_pid,) = _children(self.init_pid)
 
     def stop(self) -> None:
@@ -215,7 +212,7 @@ def test_a_namespace_pid_that_now_belongs_to_another_process_is_refused(
 
     # the right start time passes; the artifact then restores only into the placeholder it names
     capture(host_pid, host_only / "snap", CaptureOptions(namespace_pid=pod.init_pid, namespace_start=start), criu=criu)
-    _wait_for("the dumped worker to go", lambda: not proctree.exists(host_pid))
+    wait_for(lambda: not proctree.exists(host_pid), what="the dumped worker to go", timeout=20, interval=0.02)
     with pytest.raises(RestoreError, match="now belongs to another process"):
         restore(host_only / "snap", RestoreOptions(namespace_pid=pod.init_pid, namespace_start=other), criu=criu)
     restored = restore(host_only / "snap", RestoreOptions(namespace_pid=pod.init_pid, namespace_start=start), criu=criu)
@@ -253,9 +250,14 @@ def test_a_process_of_the_tree_in_a_user_namespace_of_its_own_is_refused(
     pod, host_only = pods
     r = pod.exec("sh", "-c", "setsid -f unshare -U sleep 1000 </dev/null >/dev/null 2>&1")
     assert r.returncode == 0, r.stderr
-    _wait_for("the worker", lambda: len(_children(pod.init_pid)) == 1)
+    wait_for(lambda: len(_children(pod.init_pid)) == 1, what="the worker", timeout=20, interval=0.02)
     (worker,) = _children(pod.init_pid)
-    _wait_for("its user namespace", lambda: Path(f"/proc/{worker}/comm").read_text().strip() == "sleep")
+    wait_for(
+        lambda: Path(f"/proc/{worker}/comm").read_text().strip() == "sleep",
+        what="its user namespace",
+        timeout=20,
+        interval=0.02,
+    )
     with pytest.raises(CaptureError, match=f"pid {worker} is in a user namespace of its own"):
         capture(worker, host_only / "snap", CaptureOptions(namespace_pid=pod.init_pid), criu=criu)
     assert proctree.is_alive(worker)
