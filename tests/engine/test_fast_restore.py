@@ -223,6 +223,15 @@ def _thp_mode() -> str:
         return "absent"
 
 
+def _thp_fault_fallbacks() -> int:
+    """The kernel's count of huge-page faults that got small pages instead (no free 2 MiB page in reach)."""
+    for line in Path("/proc/vmstat").read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if key == "thp_fault_fallback":
+            return int(value)
+    return 0
+
+
 def _mapping_of(pid: int, vaddr: int) -> dict[str, Any]:
     """The /proc/PID/smaps entry holding `vaddr`: its VmFlags and AnonHugePages bytes."""
     found: dict[str, Any] | None = None
@@ -248,13 +257,18 @@ def test_the_bulk_mapping_comes_back_advised_and_backed_by_huge_pages(criu: Criu
     cap = capture(big.pid, tmp_path / "art", criu=criu)
     region = max(cap.manifest.bulk, key=lambda e: e.length)
     assert cap.phase_bytes["hugepages"] >= region.length
+    fallbacks_before = _thp_fault_fallbacks()
     restored = restore(tmp_path / "art", RestoreOptions(fill_workers=2), criu=criu)
+    fallbacks = _thp_fault_fallbacks() - fallbacks_before
     assert big.get()["bulk"] == before["bulk"]
     # (the run may begin in the mapping below: CRIU's entries do not stop at mapping boundaries)
     mapping = _mapping_of(restored.pid, region.vaddr + region.length // 2)
     assert "hg" in mapping["flags"], "CRIU replayed the MADV_HUGEPAGE the cut added"
-    # the fill faulted 2 MiB pages: all of the 320 MiB region but its unaligned edges
-    assert mapping["huge"] >= (320 - 4) << 20
+    # The fill faulted 2 MiB pages: all of the 320 MiB region but its unaligned edges, less each fault the
+    # kernel itself served with small pages because no free huge page was in reach (a busy or fragmented
+    # host: CI once got 276 of 316 MiB). The count is machine-wide, so it can only excuse too much, never
+    # too little; a fill that faulted 4 KiB pages on its own would leave huge at 0 with no fallbacks.
+    assert mapping["huge"] + fallbacks * (2 << 20) >= (320 - 4) << 20, (mapping["huge"], fallbacks)
 
 
 @pytest.mark.skipif(_thp_mode() != "madvise", reason="only THP 'madvise' shows the advice's effect alone")
