@@ -73,7 +73,10 @@ def test_a_restore_pod_running_another_image_is_refused(env: Env, ns: str, tmp_p
     assert cond["message"].startswith(f"{c.REASON_RESTORE_INCOMPATIBLE}: gate image-digest:"), cond
     assert image_id("worker:1") in cond["message"] and image_id("worker:2") in cond["message"]
     assert not env.executor.of("restore", pod["metadata"]["name"], ns)
-    assert (control / c.FILE_RESTORE_FAILED).read_text().startswith(c.REASON_RESTORE_INCOMPATIBLE), "start cold"
+    # the pod's condition and the control-dir file are two writes: the file may follow the condition
+    told = control / c.FILE_RESTORE_FAILED
+    wait_for(told.exists, what="the placeholder told to start cold")
+    assert told.read_text().startswith(c.REASON_RESTORE_INCOMPATIBLE), "start cold"
 
 
 def limited_source(env: Env, ns: str, limit: str) -> None:

@@ -88,7 +88,8 @@ def test_the_container_ends_when_the_restored_worker_dies_and_its_restart_starts
     worker.kill()
     worker.wait()
     assert first.wait(timeout=10) == 1, first.output()
-    assert time.monotonic() - t0 < 5, "the container must end within seconds of its worker"
+    # the wrapper polls /proc once a second; 15 s leaves room for a loaded host, far below any timeout
+    assert time.monotonic() - t0 < 15, "the container must end within seconds of its worker"
     assert (control / c.FILE_WORKER_EXITED).exists()
 
     second = Placeholder(control, tmp_path / "second.log")  # the kubelet restarts the container

@@ -194,7 +194,8 @@ def test_agent_pickup_latency(env: Env, ns: str, capsys: pytest.CaptureFixture[s
             f"max {max(pickups) * 1000:.0f} ms; PodSnapshot create -> capture call: median "
             f"{statistics.median(end_to_end) * 1000:.0f} ms, max {max(end_to_end) * 1000:.0f} ms (n=5)"
         )
-    assert max(pickups) < 5.0
+    # a watch, not a poll, drives the agent: a handful of 100 ms pickups, one of which a loaded host may stall
+    assert statistics.median(pickups) < 2.0 and max(pickups) < 15.0, pickups
 
 
 def test_deleting_a_snapshot_deletes_only_its_own_content_whatever_its_status_names(env: Env, ns: str) -> None:

@@ -100,6 +100,8 @@ def test_a_refused_restore_falls_back_to_a_cold_start_and_says_why(env: Env, ns:
     assert events[0].type == "Warning" and "gate gpu-model" in events[0].message
     assert fallbacks(env, c.REASON_RESTORE_INCOMPATIBLE) == before + 1
     # the placeholder learns it through the control dir, and starts the worker cold (test_placeholder.py)
+    # (the pod's condition and the control-dir file are two writes: the file may follow the condition)
+    wait_for((control / c.FILE_RESTORE_FAILED).exists, what="the placeholder told to start cold")
     told = (control / c.FILE_RESTORE_FAILED).read_text()
     assert told.startswith(f"{c.REASON_RESTORE_INCOMPATIBLE}: gate gpu-model")
 
@@ -117,7 +119,8 @@ def test_under_fail_the_pod_keeps_the_cause_and_its_placeholder_is_told_to_hold(
     assert cond["reason"] == c.REASON_RESTORE_INCOMPATIBLE, cond
     assert "restoreFailurePolicy Fail" in cond["message"], cond
     assert fallbacks(env, c.REASON_RESTORE_INCOMPATIBLE) == before, "no fallback happened"
-    assert (control / c.FILE_RESTORE_FAILED).exists(), "the placeholder must still learn that the restore failed"
+    # the placeholder must still learn that the restore failed (the file may follow the condition)
+    wait_for((control / c.FILE_RESTORE_FAILED).exists, what="the placeholder told that the restore failed")
 
 
 def test_the_api_server_refuses_an_unknown_restore_failure_policy(env: Env, ns: str) -> None:
