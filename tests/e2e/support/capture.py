@@ -23,6 +23,7 @@ from tests.e2e.support.flow import (
     policy,
     restore_from,
     restored,
+    restoring,
     serving_pods,
     snapshot_policy,
     wait_serving,
@@ -101,7 +102,8 @@ def run_capture(
                 run.source_init_ids.add(seen)
             sources.add(pod.metadata.name)
         for pod in serving_pods(cluster, namespace, app):
-            if pod_ready(pod):
+            # (a pod Ready a moment before the agent's verdict on its restore is judged by that verdict)
+            if pod_ready(pod) and not restoring(pod):
                 run.ready_while_capturing.setdefault(pod.metadata.name, restored(pod))
         pol = policy(cluster, namespace, app) or {}
         status = pol.get("status") or {}

@@ -172,6 +172,12 @@ def chat(cluster: Cluster, namespace: str, service: str, prompt: str = "hello") 
     return answer
 
 
+def restoring(pod: kclient.V1Pod) -> bool:
+    """Has the agent begun restoring into the pod and not yet said how it ended?"""
+    cond = pod_condition(pod, contract.POD_CONDITION_RESTORED)
+    return cond is not None and cond.reason == contract.REASON_RESTORE_IN_PROGRESS
+
+
 def wait_serving(cluster: Cluster, namespace: str, app: str, count: int, timeout: float) -> list[kclient.V1Pod]:
     def ready() -> list[kclient.V1Pod] | Pending:
         pods = serving_pods(cluster, namespace, app)
@@ -180,7 +186,9 @@ def wait_serving(cluster: Cluster, namespace: str, app: str, count: int, timeout
             cond = pod_condition(p, contract.POD_CONDITION_RESTORED)
             if cond and cond.status == "False" and cond.reason in TERMINAL_RESTORE_FAILURES:
                 raise AssertionError(f"pod {p.metadata.name}: {cond.reason}: {cond.message}")
-        good = [p for p in pods if pod_ready(p)]
+        # Ready while the agent's verdict is still to come: the restored worker answers the kubelet's probe
+        # as soon as it runs, a moment before the agent's condition write lands; wait for the verdict
+        good = [p for p in pods if pod_ready(p) and not restoring(p)]
         if len(good) >= count:
             return good
         return Pending(f"{len(good)}/{count} ready: {[(p.metadata.name, p.status.phase) for p in pods]}")
