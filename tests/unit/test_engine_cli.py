@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from podsnap.cli import build_parser, main
-from podsnap.cli.doctor import all_checks, check_io_uring, check_openat2, check_thp
+from podsnap.cli.doctor import (
+    all_checks,
+    check_first_write,
+    check_io_uring,
+    check_openat2,
+    check_thp,
+    write_fresh_memory,
+)
 
 
 def test_commands_parse() -> None:
@@ -72,6 +79,30 @@ def test_doctor_advises_transparent_huge_pages_with_the_measured_gains(
     assert check_thp(tmp_path / "missing").status == "WARN"
 
 
+@pytest.mark.parametrize(
+    ("rates", "status"),
+    [
+        ((10.3, 31.4), "WARN"),  # the H200 VM right after it started (bench/h200/h200-2026-12-02-first-touch.json)
+        ((1.3, 6.9), "WARN"),  # the 2-core test VM
+        ((20.0, 23.0), "OK"),  # a node whose RAM is backed up front: both writes fault and zero pages alike
+        ((30.0, 12.0), "OK"),
+    ],
+)
+def test_doctor_warns_when_memory_written_first_is_much_slower(rates: tuple[float, float], status: str) -> None:
+    measured = iter(rates)
+    check = check_first_write(lambda: next(measured))
+    assert check.status == status, check
+    assert f"{rates[0]:.1f} GiB/s" in check.detail and f"{rates[1]:.1f} GiB/s the second time" in check.detail
+    if status == "WARN":
+        assert "first restores will be slower" in check.detail
+        assert "preallocate" in check.fix and "docs/troubleshooting.md" in check.fix
+
+
+def test_doctor_measures_a_real_write_of_fresh_memory() -> None:
+    rate = write_fresh_memory(mib=64)
+    assert 0.01 < rate < 1000, rate  # GiB/s: a real memset of 64 MiB, neither instant nor stuck
+
+
 def test_doctor_checks_openat2(monkeypatch: pytest.MonkeyPatch) -> None:
     from podsnap import controldir
 
@@ -96,7 +127,7 @@ def test_capture_of_a_missing_pid_fails_clearly(tmp_path: Path, capsys: pytest.C
 def test_doctor_lines_have_a_status_and_a_fix_when_not_ok(tmp_path: Path) -> None:
     checks = all_checks()
     names = {c.name for c in checks}
-    assert {"kernel", "criu", "CAP_SYS_ADMIN", "transparent hugepages", "io_uring"} <= names
+    assert {"kernel", "criu", "CAP_SYS_ADMIN", "transparent hugepages", "first write of memory", "io_uring"} <= names
     for c in checks:
         assert c.status in ("OK", "WARN", "FAIL")
         if c.status == "FAIL":
