@@ -337,7 +337,9 @@ class CriuWatcher:
             for pid in self._candidates():
                 if pid not in self._seen and self._is_criu(pid):
                     self._seen.add(pid)
-                    self._sample(pid)
+                    # a CRIU that ended before it was sampled leaves samples short: the test says so
+                    with contextlib.suppress(OSError):
+                        self._sample(pid)
             time.sleep(0.001)
 
     def _sample(self, pid: int) -> None:
