@@ -13,7 +13,6 @@ Run: `PODSNAP_CRIU=$PWD/.device/criu/criu.sh PYTHONPATH=$PWD/python python3 -m p
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ import pytest
 
 from podsnap.demo import round_trip
 from tests.support.criu import criu_or_skip
+from tests.support.processes import free_port
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -33,12 +33,6 @@ def _criu() -> None:
 
 
 GIB = 1 << 30
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def assert_bit_exact(report: dict[str, Any]) -> dict[str, Any]:

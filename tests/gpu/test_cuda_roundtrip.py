@@ -10,7 +10,6 @@ Run with `PYTHONPATH=python python3 -m pytest -m gpu tests/gpu` (CRIU from PODSN
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,14 +20,9 @@ import pytest
 from podsnap.demo import round_trip
 from podsnap.engine import Progress
 from tests.support.criu import criu_or_skip
+from tests.support.processes import free_port
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ import base64
 import contextlib
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import time
@@ -21,11 +20,7 @@ from pathlib import Path
 
 import yaml
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support.processes import free_port
 
 
 def _openssl(*args: str, cwd: Path) -> None:
