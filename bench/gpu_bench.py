@@ -32,7 +32,6 @@ import json
 import os
 import platform
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -43,7 +42,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "python"))
 
-from podsnap.demo import round_trip  # noqa: E402
+from podsnap.demo import free_port, round_trip  # noqa: E402
 from podsnap.engine import Progress  # noqa: E402
 
 GIB = float(1 << 30)
@@ -80,12 +79,6 @@ RESTORE_PHASES = ("verify", "compat", "criu_restore", "fill", "resume", "cuda_re
 def sh(cmd: str) -> str:
     p = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=60, check=False)
     return (p.stdout + p.stderr).strip()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def machine_facts() -> dict[str, Any]:

@@ -24,7 +24,6 @@ import json
 import mmap
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -83,14 +82,9 @@ def meminfo() -> dict[str, int]:
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def round_trips(weights_gib: str, count: int) -> list[dict[str, Any]]:
     from podsnap.demo import _roundtrip as rt
+    from podsnap.demo import free_port
 
     scratch = Path("/dev/shm/podsnap-first-touch")
     shutil.rmtree(scratch, ignore_errors=True)

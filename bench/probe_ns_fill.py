@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -27,12 +26,7 @@ sys.path.insert(0, str(REPO / "python"))
 
 from podsnap import engine  # noqa: E402
 from podsnap.demo import _roundtrip as rt  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from podsnap.demo import free_port  # noqa: E402
 
 
 def main() -> int:

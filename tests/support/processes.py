@@ -5,9 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,33 +13,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from podsnap.demo import free_port
 from podsnap.engine import _proctree as proctree
 
 HERE = Path(__file__).resolve().parent
 TINY_WORKER = HERE / "tiny_worker.py"
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 below the kernel's ephemeral range and the NodePort range.
-
-    A dumped worker's port is unbound until its restore binds it again: one chosen by bind(0) lies in the
-    ephemeral range, where any outgoing connection in between (a kubelet's, a client's) may take it and
-    CRIU's bind then fails with EADDRINUSE. Ports below that range are never handed out implicitly."""
-    try:
-        ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        ephemeral = 32768
-    hi = min(ephemeral, 30000)  # (kube-proxy holds NodePorts from 30000 up)
-    lo = max(1024, hi - 10000)
-    for _ in range(500):
-        port = random.randrange(lo, hi)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free TCP port on 127.0.0.1 in {lo}-{hi - 1}")
 
 
 def http_get(port: int, path: str = "/", timeout: float = 5.0) -> dict[str, Any]:

@@ -21,12 +21,6 @@ from typing import Any
 from podsnap.cli.progress import GIB, ProgressPrinter, human_bytes
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _rate(nbytes: int, ms: float | None) -> str:
     return f"{nbytes / GIB / (ms / 1000):.2f} GiB/s" if ms else ""
 
@@ -118,7 +112,7 @@ def worker_args(args: argparse.Namespace) -> list[str]:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from podsnap.demo import QUESTION, RoundTripError, round_trip
+    from podsnap.demo import QUESTION, RoundTripError, free_port, round_trip
     from podsnap.engine import EngineError
 
     own_dir = args.workdir is None
@@ -127,7 +121,7 @@ def run_demo(args: argparse.Namespace) -> int:
         r = round_trip(
             workdir,
             worker_args(args),
-            port=_free_port(),
+            port=free_port(),
             criu_binary=Path(args.criu) if args.criu else None,
             cold_start_timeout_s=args.timeout,
             keep=args.keep,

@@ -9,7 +9,7 @@ restore -> first answer with the engine and returns a measured, bit-exactness-ch
 what `podsnap demo`, the tests and `bench/gpu_bench.py` use.
 """
 
-from podsnap.demo._roundtrip import QUESTION, RoundTripError, round_trip
+from podsnap.demo._roundtrip import QUESTION, RoundTripError, free_port, round_trip
 from podsnap.demo._worker import main
 
-__all__ = ["QUESTION", "RoundTripError", "main", "round_trip"]
+__all__ = ["QUESTION", "RoundTripError", "free_port", "main", "round_trip"]

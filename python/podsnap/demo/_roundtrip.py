@@ -25,8 +25,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -46,6 +48,30 @@ if TYPE_CHECKING:
 
 QUESTION = "Explain in one sentence what a snapshot of an inference worker is."
 GIB = float(1 << 30)
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 for a worker that is dumped and restored: below the kernel's ephemeral
+    range and the NodePort range.
+
+    The worker's port is unbound from its dump until its restore binds it again; a port chosen by bind(0)
+    lies in the ephemeral range, where any outgoing connection in between may take it, and the restore's
+    bind then fails with EADDRINUSE. Ports below that range are never handed out implicitly."""
+    try:
+        ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    hi = min(ephemeral, 30000)  # (kube-proxy holds NodePorts from 30000 up)
+    lo = max(1024, hi - 10000)
+    for _ in range(500):
+        port = random.randrange(lo, hi)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free TCP port on 127.0.0.1 in {lo}-{hi - 1}")
 
 
 class RoundTripError(RuntimeError):
