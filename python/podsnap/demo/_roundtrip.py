@@ -50,6 +50,10 @@ QUESTION = "Explain in one sentence what a snapshot of an inference worker is."
 GIB = float(1 << 30)
 
 
+#: the ports free_port handed out in this process: never twice
+_PORTS_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
     """A free TCP port on 127.0.0.1 for a worker that is dumped and restored: below the kernel's ephemeral
     range and the NodePort range.
@@ -65,12 +69,15 @@ def free_port() -> int:
     lo = max(1024, hi - 10000)
     for _ in range(500):
         port = random.randrange(lo, hi)
+        if port in _PORTS_GIVEN:  # free now, but perhaps not bound yet by whoever asked for it before
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        _PORTS_GIVEN.add(port)
+        return port
     raise RuntimeError(f"no free TCP port on 127.0.0.1 in {lo}-{hi - 1}")
 
 
