@@ -9,11 +9,13 @@ import os
 import time
 import tracemalloc
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from podsnap import contract as c
+from podsnap import engine
 from podsnap.agent.engine_executor import EngineExecutor
 from podsnap.agent.executor import (
     ArtifactUnusable,
@@ -102,6 +104,50 @@ def test_engine_errors_become_agent_reasons(pods: tuple[Pod, Pod], tmp_path: Pat
             )
         )
     assert missing.value.reason == "RestoreFailed"
+
+
+def test_a_root_pid_that_names_another_process_than_the_one_found_is_refused(
+    pods: tuple[Pod, Pod], tmp_path: Path
+) -> None:
+    """The PID was pinned by its start time when the agent found it in the container: if that process
+    exited and the PID went to another by the time the capture or the restore starts, nothing runs."""
+    src, dst = pods
+    port, ns_pid, _ = src.start_worker(tmp_path / "worker")
+    host_pid = proctree.host_pid_in_ns(ns_pid, src.init_pid)
+    assert host_pid is not None
+    before = http_get(port)
+    started = engine.process_start_time(host_pid)
+    assert started is not None
+    ref = PodRef("ns", "src", "uid-a", "main", "containerd://" + "a" * 64)
+    executor = EngineExecutor()
+    artifact = tmp_path / "artifacts" / "ns" / "snap"
+    # what the agent would have read had the PID named an earlier process when it looked
+    request = CaptureRequest(
+        pod=ref, pids=(host_pid,), root_pid=host_pid, artifact_dir=artifact, node="n", root_start=started - 1
+    )
+    with pytest.raises(ExecutionError, match="now belongs to another process") as refused:
+        executor.capture(request)
+    assert refused.value.reason == c.REASON_CAPTURE_FAILED
+    assert not artifact.exists()
+    assert http_get(port)["init_id"] == before["init_id"], "the process the PID names now was not touched"
+
+    result = executor.capture(replace(request, root_start=started))
+    restore = RestoreRequest(
+        pod=PodRef("ns", "dst", "uid-b", "main", "containerd://" + "b" * 64),
+        placeholder_pids=(dst.init_pid,),
+        placeholder_root_pid=dst.init_pid,
+        artifact_dir=artifact,
+        skip_compat=False,
+        node="n",
+        expected_digest=result.digest,
+        placeholder_root_start=(engine.process_start_time(dst.init_pid) or 0) + 1,
+    )
+    in_dst = {p.pid for p in proctree.tree(dst.init_pid)}
+    with pytest.raises(ExecutionError, match="now belongs to another process"):
+        executor.restore(restore)
+    assert {p.pid for p in proctree.tree(dst.init_pid)} == in_dst, "nothing was restored into the pod"
+    executor.restore(replace(restore, placeholder_root_start=None))
+    assert http_get(port)["init_id"] == before["init_id"]
 
 
 def test_an_artifact_changed_after_its_capture_is_refused(pods: tuple[Pod, Pod], tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from podsnap.agent.containers import (
     find_processes,
     restored_in,
 )
+from podsnap.engine import process_start_time
 
 UID = "3f2c8a9e-1b4d-4e6f-9a7b-0c1d2e3f4a5b"
 OTHER_UID = "9d8c7b6a-5f4e-4d3c-8b2a-1f0e9d8c7b6a"
@@ -28,9 +29,13 @@ CID = "0" + "a1b2c3d4" * 7 + "e5f6a7b"
 VICTIM = "0" + "f" * 63
 
 
-def fake_proc(root: Path, pid: int, ppid: int, *cgroups: str, environ: bytes = b"", nspid: int | None = None) -> None:
+def fake_proc(
+    root: Path, pid: int, ppid: int, *cgroups: str, environ: bytes = b"", nspid: int | None = None, start: int = 0
+) -> None:
     d = root / str(pid)
     d.mkdir(parents=True)
+    if start:  # /proc/PID/stat: field 22 is the start time; a comm with ") " in it must not shift it
+        (d / "stat").write_text(f"{pid} (a) b) S {ppid} " + " ".join(["0"] * 17) + f" {start} 0 0\n")
     (d / "cgroup").write_text("".join(f"{i}:{'pids' if i else ''}:{cg}\n" for i, cg in enumerate(cgroups)))
     ns = f"NSpid:\t{pid}\t{nspid}\n" if nspid is not None else f"NSpid:\t{pid}\n"
     (d / "status").write_text(f"Name:\tx\nPPid:\t{ppid}\n{ns}")
@@ -67,6 +72,16 @@ def test_both_drivers_layouts_are_found(tmp_path: Path, path: str) -> None:
     procs = find_processes(ContainerRef.of(f"containerd://{CID}", UID), tmp_path)
     assert procs.pids == (10, 11) and procs.root == 10
     assert environ_of(10, tmp_path) == {"A": "1", "POD_NAME": "x"}
+
+
+def test_the_root_is_pinned_by_its_start_time_read_before_its_cgroup(tmp_path: Path) -> None:
+    fake_proc(tmp_path, 10, 1, cgroupfs(UID, CID), start=4242)
+    fake_proc(tmp_path, 11, 10, cgroupfs(UID, CID), start=4243)
+    procs = find_processes(ContainerRef.of(f"containerd://{CID}", UID), tmp_path)
+    assert (procs.root, procs.root_start) == (10, 4242)
+    gone = tmp_path / "other"
+    fake_proc(gone, 10, 1, cgroupfs(UID, CID))  # no stat: the process went between the two reads
+    assert find_processes(ContainerRef.of(f"containerd://{CID}", UID), gone).root_start is None
 
 
 def test_a_cgroup_v1_process_is_found_by_any_of_its_hierarchies(tmp_path: Path) -> None:
@@ -166,7 +181,9 @@ def test_real_processes_in_real_cgroups_of_both_layouts(systemd_driver: bool) ->
             cgroup.mkdir(parents=True)
             placed.append((proc, cgroup))
             (cgroup / "cgroup.procs").write_text(str(proc.pid))
-        assert find_processes(ContainerRef.of(f"containerd://{mine}", uid)).pids == (placed[0][0].pid,)
+        found = find_processes(ContainerRef.of(f"containerd://{mine}", uid))
+        assert found.pids == (placed[0][0].pid,)
+        assert found.root_start is not None and found.root_start == process_start_time(placed[0][0].pid)
         with pytest.raises(ContainerRefused):
             find_processes(ContainerRef.of(f"containerd://{theirs}", uid))
     finally:

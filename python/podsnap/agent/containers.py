@@ -94,6 +94,9 @@ def _paths(cgroup: str) -> Iterator[list[str]]:
 class ContainerProcs:
     pids: tuple[int, ...]
     root: int
+    #: `root`'s start time (/proc/PID/stat field 22), read before its cgroup showed it in the container: the
+    #: engine refuses the PID if it then names another process (it exited and the PID was reused)
+    root_start: int | None = None
 
 
 def _ppid(status: str) -> int:
@@ -103,18 +106,24 @@ def _ppid(status: str) -> int:
     return 0
 
 
-def _members(ref: ContainerRef, proc_root: Path) -> dict[int, int]:
-    """pid -> ppid of the container's processes; ContainerRefused when the ID names only processes under
-    another pod's cgroup (a status pointing at a container that is not this pod's)."""
-    parents: dict[int, int] = {}
+def _members(ref: ContainerRef, proc_root: Path) -> dict[int, tuple[int, int | None]]:
+    """pid -> (ppid, start time) of the container's processes; ContainerRefused when the ID names only
+    processes under another pod's cgroup (a status pointing at a container that is not this pod's).
+
+    The start time is read before the cgroup: if the PID changed hands in between, the start time is the
+    earlier process's and the engine refuses the PID later; it can never vouch for a process outside."""
+    from podsnap.engine import process_start_time
+
+    parents: dict[int, tuple[int, int | None]] = {}
     elsewhere = False
     for entry in proc_root.iterdir():
         if not entry.name.isdigit():
             continue
         try:
+            start = process_start_time(int(entry.name), proc_root)
             where = ref.placement((entry / "cgroup").read_text())
             if where:
-                parents[int(entry.name)] = _ppid((entry / "status").read_text())
+                parents[int(entry.name)] = (_ppid((entry / "status").read_text()), start)
             elif where is False:
                 elsewhere = True
         except OSError:  # the process exited while we looked
@@ -131,8 +140,8 @@ def find_processes(ref: ContainerRef, proc_root: Path = Path("/proc")) -> Contai
     parents = _members(ref, proc_root)
     if not parents:
         raise ContainerNotRunning(f"no process of container {ref.container_id[:12]} under {proc_root}")
-    roots = sorted(pid for pid, ppid in parents.items() if ppid not in parents)
-    return ContainerProcs(pids=tuple(sorted(parents)), root=roots[0])
+    roots = sorted(pid for pid, (ppid, _) in parents.items() if ppid not in parents)
+    return ContainerProcs(pids=tuple(sorted(parents)), root=roots[0], root_start=parents[roots[0]][1])
 
 
 def environ_of(pid: int, proc_root: Path = Path("/proc")) -> dict[str, str]:
@@ -169,7 +178,7 @@ def restored_in(ref: ContainerRef, proc_root: Path = Path("/proc")) -> list[int]
     joins the container's cgroups and is re-parented to the pod's PID 1, pause), with its descendants.
     The container's own process (the placeholder, whose parent is the runtime's shim) and its children
     are not among them. Parents before children."""
-    parents = _members(ref, proc_root)
+    parents = {pid: ppid for pid, (ppid, _) in _members(ref, proc_root).items()}
     roots = [pid for pid, ppid in parents.items() if ppid not in parents and _nspid_is_one(ppid, proc_root)]
     found: list[int] = []
     todo = sorted(roots)

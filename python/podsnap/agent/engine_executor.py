@@ -64,6 +64,15 @@ def unusable(exc: ArtifactError) -> ExecutionError:
     return ArtifactUnusable(str(exc))
 
 
+def _start(found: int | None, pid: int) -> int | None:
+    """The start time the engine must find `pid` with: the one read when it was found in the container."""
+    if found is not None:
+        return found
+    from podsnap import engine
+
+    return engine.process_start_time(pid)
+
+
 class EngineExecutor:
     """`cgroup_root`: the host's cgroup filesystem as the agent mounts it (PODSNAP_CGROUP_ROOT); restored
     workers join their pod container's cgroups through it, so they belong to that container (its limits,
@@ -106,7 +115,8 @@ class EngineExecutor:
         pod = request.pod
         options = engine.CaptureOptions(
             namespace_pid=request.root_pid,
-            namespace_start=engine.process_start_time(request.root_pid),  # refused if the PID is reused by then
+            # refused if the PID names another process by then (the one found in the container exited)
+            namespace_start=_start(request.root_start, request.root_pid),
             criu=engine.CriuOptions(tcp="close"),
             log_dir=self.log_dir,
             journal=self._journal(request),
@@ -142,7 +152,7 @@ class EngineExecutor:
             # the manifest is trusted only as recorded at capture: the engine checks the bytes it then parses
             options = engine.RestoreOptions(
                 namespace_pid=request.placeholder_root_pid,
-                namespace_start=engine.process_start_time(request.placeholder_root_pid),
+                namespace_start=_start(request.placeholder_root_start, request.placeholder_root_pid),
                 cgroup_root=self.cgroup_root,
                 skip_compat=request.skip_compat,
                 memory_limit_bytes=request.memory_limit_bytes,

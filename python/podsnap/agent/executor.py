@@ -67,6 +67,9 @@ class CaptureRequest:
     #: the PodSnapshotContent this capture is for: the capture's journal record names it, so an agent that
     #: starts after this one died knows which content to fail (agent/capture_recovery.py)
     content: str = ""
+    #: root_pid's start time when the container's processes were found (`ContainerProcs.root_start`): the
+    #: engine refuses the PID if it names another process by then; None: taken when the capture starts
+    root_start: int | None = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,8 @@ class RestoreRequest:
     verified_digests: bool = False
     #: the restore container's memory limit (bytes), for the engine's memory-limit gate; None: no limit
     memory_limit_bytes: int | None = None
+    #: placeholder_root_pid's start time when found (as CaptureRequest.root_start)
+    placeholder_root_start: int | None = None
 
 
 @dataclass(frozen=True)

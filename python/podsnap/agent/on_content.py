@@ -175,6 +175,7 @@ def _request(ctx: AgentContext, name: str, spec: Mapping[str, Any]) -> CaptureRe
         pod=PodRef(ref["namespace"], ref["name"], pod["metadata"]["uid"], container, cid),
         pids=procs.pids,
         root_pid=procs.root,
+        root_start=procs.root_start,
         artifact_dir=dest,
         node=ctx.config.node_name,
         source_facts=gates.source_facts(pod, container),

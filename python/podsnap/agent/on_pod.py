@@ -365,6 +365,7 @@ def _restore(
             pod=PodRef(meta["namespace"], meta["name"], meta["uid"], container, cid),
             placeholder_pids=procs.pids,
             placeholder_root_pid=procs.root,
+            placeholder_root_start=procs.root_start,
             artifact_dir=artifact.path,
             expected_digest=artifact.digest,
             content=artifact.content,
