@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,8 @@ from prometheus_client import CollectorRegistry
 from podsnap.agent.cache import ArtifactCache, ArtifactMismatch, CacheKey, CacheMetrics, IOGate
 from podsnap.agent.cached_executor import CachingExecutor, Filler
 from podsnap.agent.engine_executor import EngineExecutor
-from podsnap.agent.executor import CaptureRequest, PodRef, RestoreRequest
 from podsnap.engine import _proctree as proctree  # white-box: pid namespace introspection
+from tests.agent.requests import capture_request, restore_request
 from tests.support.criu import criu_or_skip
 from tests.support.processes import Pod, http_get
 
@@ -39,18 +40,7 @@ def pods(tmp_path: Path) -> Iterator[list[Pod]]:
 
 def restore_into(executor: CachingExecutor, pod: Pod, artifact: Path, digest: str) -> tuple[str, int]:
     """(where the artifact was read, the restored worker's host PID)"""
-    result = executor.restore(
-        RestoreRequest(
-            pod=PodRef("ns", pod.dir.name, "uid", "main", "containerd://" + "b" * 64),
-            placeholder_pids=(pod.init_pid,),
-            placeholder_root_pid=pod.init_pid,
-            artifact_dir=artifact,
-            skip_compat=False,
-            node="n",
-            expected_digest=digest,
-            content=CONTENT,
-        )
-    )
+    result = executor.restore(replace(restore_request(pod, artifact, digest), content=CONTENT))
     assert result.pids and proctree.pid_ns(result.pids[0]) == proctree.pid_ns(pod.init_pid)
     return result.source, result.pids[0]
 
@@ -65,15 +55,7 @@ def test_restores_through_the_cache_are_bit_exact_and_a_changed_entry_is_never_r
     assert host_pid is not None and before["bulk"]
     engine = EngineExecutor()
     artifact = tmp_path / "volume" / "ns" / "snap"
-    captured = engine.capture(
-        CaptureRequest(
-            pod=PodRef("ns", "src", "uid-a", "main", "containerd://" + "a" * 64),
-            pids=(host_pid,),
-            root_pid=host_pid,
-            artifact_dir=artifact,
-            node="n",
-        )
-    )
+    captured = engine.capture(capture_request(host_pid, artifact))
     bulk = sorted((artifact / "bulk").iterdir())
     assert bulk, "the worker's large region left CRIU's images (the files a cached restore skips hashing)"
 

@@ -26,6 +26,7 @@ from podsnap.agent.executor import (
     RestoreRequest,
 )
 from podsnap.engine import _proctree as proctree  # white-box: pid namespace introspection
+from tests.agent.requests import capture_request, restore_request
 from tests.support.criu import criu_or_skip
 from tests.support.processes import Pod, http_get
 
@@ -51,28 +52,15 @@ def test_engine_executor_moves_a_worker_between_pods(pods: tuple[Pod, Pod], tmp_
     assert host_pid is not None
     before = http_get(port)
     artifact = tmp_path / "artifacts" / "ns" / "snap-uid"
-    ref = PodRef("ns", "src", "uid-a", "main", "containerd://" + "a" * 64)
     executor = EngineExecutor()
 
-    result = executor.capture(
-        CaptureRequest(pod=ref, pids=(host_pid,), root_pid=host_pid, artifact_dir=artifact, node="n")
-    )
+    result = executor.capture(capture_request(host_pid, artifact))
     assert result.size_bytes > 0 and result.digest.startswith("sha256:")
     assert result.source["arch"] and result.source["kernel"]
     assert result.timings_ms["criu_dump"] > 0 and result.timings_ms["total"] >= result.timings_ms["criu_dump"]
     assert (artifact / "manifest.json").exists()
 
-    restored = executor.restore(
-        RestoreRequest(
-            pod=PodRef("ns", "dst", "uid-b", "main", "containerd://" + "b" * 64),
-            placeholder_pids=(dst.init_pid,),
-            placeholder_root_pid=dst.init_pid,
-            artifact_dir=artifact,
-            skip_compat=False,
-            node="n",
-            expected_digest=result.digest,
-        )
-    )
+    restored = executor.restore(restore_request(dst, artifact, result.digest))
     assert restored.pids and proctree.pid_ns(restored.pids[0]) == proctree.pid_ns(dst.init_pid)
     assert restored.timings_ms["criu_restore"] > 0 and "total" in restored.timings_ms
     after = http_get(port)
@@ -118,13 +106,10 @@ def test_a_root_pid_that_names_another_process_than_the_one_found_is_refused(
     before = http_get(port)
     started = engine.process_start_time(host_pid)
     assert started is not None
-    ref = PodRef("ns", "src", "uid-a", "main", "containerd://" + "a" * 64)
     executor = EngineExecutor()
     artifact = tmp_path / "artifacts" / "ns" / "snap"
     # what the agent would have read had the PID named an earlier process when it looked
-    request = CaptureRequest(
-        pod=ref, pids=(host_pid,), root_pid=host_pid, artifact_dir=artifact, node="n", root_start=started - 1
-    )
+    request = replace(capture_request(host_pid, artifact), root_start=started - 1)
     with pytest.raises(ExecutionError, match="now belongs to another process") as refused:
         executor.capture(request)
     assert refused.value.reason == c.REASON_CAPTURE_FAILED
@@ -132,14 +117,8 @@ def test_a_root_pid_that_names_another_process_than_the_one_found_is_refused(
     assert http_get(port)["init_id"] == before["init_id"], "the process the PID names now was not touched"
 
     result = executor.capture(replace(request, root_start=started))
-    restore = RestoreRequest(
-        pod=PodRef("ns", "dst", "uid-b", "main", "containerd://" + "b" * 64),
-        placeholder_pids=(dst.init_pid,),
-        placeholder_root_pid=dst.init_pid,
-        artifact_dir=artifact,
-        skip_compat=False,
-        node="n",
-        expected_digest=result.digest,
+    restore = replace(
+        restore_request(dst, artifact, result.digest),
         placeholder_root_start=(engine.process_start_time(dst.init_pid) or 0) + 1,
     )
     in_dst = {p.pid for p in proctree.tree(dst.init_pid)}
@@ -158,24 +137,11 @@ def test_an_artifact_changed_after_its_capture_is_refused(pods: tuple[Pod, Pod],
     assert host_pid is not None
     artifact = tmp_path / "artifacts" / "ns" / "snap-uid"
     executor = EngineExecutor()
-    ref = PodRef("ns", "src", "uid-a", "main", "containerd://" + "a" * 64)
-    result = executor.capture(
-        CaptureRequest(pod=ref, pids=(host_pid,), root_pid=host_pid, artifact_dir=artifact, node="n")
-    )
+    result = executor.capture(capture_request(host_pid, artifact))
     manifest = artifact / "manifest.json"
     manifest.write_text(manifest.read_text() + " ")  # any change at all, even one a JSON reader ignores
     with pytest.raises(ExecutionError, match="changed after its capture") as refused:
-        executor.restore(
-            RestoreRequest(
-                pod=PodRef("ns", "dst", "uid-b", "main", "containerd://" + "b" * 64),
-                placeholder_pids=(dst.init_pid,),
-                placeholder_root_pid=dst.init_pid,
-                artifact_dir=artifact,
-                skip_compat=False,
-                node="n",
-                expected_digest=result.digest,
-            )
-        )
+        executor.restore(restore_request(dst, artifact, result.digest))
     assert refused.value.reason == "RestoreFailed"
     assert proctree.host_pid_in_ns(ns_pid, dst.init_pid) is None, "nothing was restored into the destination"
 

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from podsnap.agent.engine_executor import EngineExecutor
-from podsnap.agent.executor import CaptureRequest, ExecutionError, PodRef, RestoreRequest
+from podsnap.agent.executor import ExecutionError
 from podsnap.engine import _proctree as proctree  # white-box: pid namespace introspection
+from tests.agent.requests import capture_request, restore_request
 from tests.support.criu import criu_or_skip
 from tests.support.processes import Pod, http_get
 
@@ -81,23 +82,8 @@ def capture(src: Pod, tmp_path: Path) -> tuple[Path, str, int, int]:
     host_pid = proctree.host_pid_in_ns(ns_pid, src.init_pid)
     assert host_pid is not None
     artifact = tmp_path / "artifacts" / "ns" / "snap-uid"
-    ref = PodRef("ns", "src", "uid-a", "main", "containerd://" + "a" * 64)
-    result = EngineExecutor().capture(
-        CaptureRequest(pod=ref, pids=(host_pid,), root_pid=host_pid, artifact_dir=artifact, node="n")
-    )
+    result = EngineExecutor().capture(capture_request(host_pid, artifact))
     return artifact, result.digest, port, ns_pid
-
-
-def restore_request(dst: Pod, artifact: Path, digest: str) -> RestoreRequest:
-    return RestoreRequest(
-        pod=PodRef("ns", "dst", "uid-b", "main", "containerd://" + "b" * 64),
-        placeholder_pids=(dst.init_pid,),
-        placeholder_root_pid=dst.init_pid,
-        artifact_dir=artifact,
-        skip_compat=False,
-        node="n",
-        expected_digest=digest,
-    )
 
 
 def test_the_restored_worker_lives_in_the_destination_containers_cgroups(pods: tuple[Pod, Pod], tmp_path: Path) -> None:
