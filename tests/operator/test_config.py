@@ -40,12 +40,9 @@ from tests.support.operator_env import (
     OTHER_NODE,
     Env,
     agent_kubeconfig,
-    deployment,
-    golden,
     no_ready_agent,
     pod_template,
-    policy,
-    ready_policy,
+    ready_policy_of,
 )
 from tests.support.waiting import wait_for
 from tests.support.webhooks import validating_served_by
@@ -341,15 +338,8 @@ def admission_review(
 def pod_of_a_ready_policy(env: Env, ns: str, tmp_path: Path) -> dict[str, Any]:
     """A new pod of a Deployment whose SnapshotPolicy is Ready (its ReplicaSet as controller): what the webhook
     shapes for restore."""
-    golden(env, ns)
     template = pod_template("web", tmp_path / "ctl")
-    env.cluster.kube.apps.create_namespaced_deployment(ns, deployment("web", 0, template))
-    env.cluster.create(
-        c.PLURAL_SNAPSHOT_POLICIES, policy("pol", "Deployment", "web", checkpointRef={"name": "golden"}), ns
-    )
-    ready_policy(env, ns, "pol")
-    rs = wait_for(lambda: env.cluster.kube.apps.list_namespaced_replica_set(ns).items, what="the ReplicaSet")[0]
-    owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs.metadata.name, "uid": rs.metadata.uid}
+    owner = ready_policy_of(env, ns, template)
     meta = {**template["metadata"], "generateName": "web-", "ownerReferences": [{**owner, "controller": True}]}
     return {"metadata": meta, "spec": template["spec"]}
 

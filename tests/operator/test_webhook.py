@@ -13,11 +13,9 @@ from tests.support.harness import cond_is
 from tests.support.operator_env import (
     Env,
     deployment,
-    golden,
     kubelet_runs_restore_pod,
     pod_template,
-    policy,
-    ready_policy,
+    ready_policy_of,
     shaped,
 )
 from tests.support.waiting import wait_for
@@ -37,12 +35,7 @@ def test_pods_outside_any_policy_are_untouched(env: Env, ns: str, tmp_path: Path
 
 
 def test_webhook_outage_means_a_cold_start_not_a_blocked_rollout(env: Env, ns: str, tmp_path: Path) -> None:
-    golden(env, ns)
-    env.cluster.kube.apps.create_namespaced_deployment(ns, deployment("web", 0, pod_template("web", tmp_path)))
-    env.cluster.create(
-        c.PLURAL_SNAPSHOT_POLICIES, policy("pol", "Deployment", "web", checkpointRef={"name": "golden"}), ns
-    )
-    ready_policy(env, ns, "pol")
+    ready_policy_of(env, ns, pod_template("web", tmp_path))
     env.cluster.kube.apps.patch_namespaced_deployment("web", ns, {"spec": {"replicas": 1}})
     [first] = wait_for(lambda: env.cluster.pods(ns, "app=web"), what="first pod")
     assert shaped(first), "with the webhook up, the pod is shaped for restore"
@@ -65,16 +58,11 @@ def test_webhook_outage_means_a_cold_start_not_a_blocked_rollout(env: Env, ns: s
 def test_incompatible_restore_and_skip_annotation(env: Env, ns: str, tmp_path: Path) -> None:
     """A refused gate ends in a fallback whose cause is RestoreIncompatible naming the gate; the pod author's skip-compat-check is not
     honoured (only a SnapshotPolicy's skipCompatCheck is, through the restore token: tests/operator/test_tokens.py)."""
-    golden(env, ns)
     control = tmp_path / "ctl"
     control.mkdir()
     template = pod_template("web", control)
     template["metadata"]["annotations"] = {c.ANNOTATION_SKIP_COMPAT_CHECK: "true"}
-    env.cluster.kube.apps.create_namespaced_deployment(ns, deployment("web", 0, template))
-    env.cluster.create(
-        c.PLURAL_SNAPSHOT_POLICIES, policy("pol", "Deployment", "web", checkpointRef={"name": "golden"}), ns
-    )
-    ready_policy(env, ns, "pol")
+    ready_policy_of(env, ns, template)
     env.cluster.kube.apps.patch_namespaced_deployment("web", ns, {"spec": {"replicas": 1}})
     [pod] = wait_for(lambda: env.cluster.pods(ns, "app=web"), what="restore pod")
     name = pod["metadata"]["name"]
@@ -103,15 +91,8 @@ def test_a_pod_naming_another_namespaces_replicaset_is_not_shaped_with_its_polic
     cluster-wide: the pod was shaped with the other namespace's policy (its restore token, its checkpoint).
     The owner is looked up only in the namespace of the admission request."""
     victim = env.cluster.namespace(f"{ns}-victim"[:63])
-    golden(env, victim)
     template = pod_template("web", tmp_path / "ctl")
-    env.cluster.kube.apps.create_namespaced_deployment(victim, deployment("web", 0, template))
-    env.cluster.create(
-        c.PLURAL_SNAPSHOT_POLICIES, policy("pol", "Deployment", "web", checkpointRef={"name": "golden"}), victim
-    )
-    ready_policy(env, victim, "pol")
-    rs = wait_for(lambda: env.cluster.kube.apps.list_namespaced_replica_set(victim).items, what="the ReplicaSet")[0]
-    owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs.metadata.name, "uid": rs.metadata.uid}
+    owner = ready_policy_of(env, victim, template)
 
     def pod(name: str) -> dict[str, Any]:
         meta = {**template["metadata"], "name": name, "ownerReferences": [{**owner, "controller": True}]}

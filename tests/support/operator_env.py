@@ -420,3 +420,17 @@ def golden(env: Env, ns: str) -> None:
     running_pod(env, ns, "source", job="golden")
     env.cluster.create(c.PLURAL_POD_SNAPSHOTS, podsnapshot("golden", "source"), ns)
     wait_for(lambda: cond_is(env.cluster.get(c.PLURAL_POD_SNAPSHOTS, "golden", ns), c.COND_READY), what="golden Ready")
+
+
+def ready_policy_of(env: Env, ns: str, template: dict[str, Any]) -> dict[str, Any]:
+    """Deployment `web` of `template` (no replicas yet) with SnapshotPolicy `pol` on checkpoint `golden`
+    (captured here), the policy Ready; returns the Deployment's ReplicaSet as an ownerReference (the
+    controller flag left to the caller)."""
+    golden(env, ns)
+    env.cluster.kube.apps.create_namespaced_deployment(ns, deployment("web", 0, template))
+    env.cluster.create(
+        c.PLURAL_SNAPSHOT_POLICIES, policy("pol", "Deployment", "web", checkpointRef={"name": "golden"}), ns
+    )
+    ready_policy(env, ns, "pol")
+    rs = wait_for(lambda: env.cluster.kube.apps.list_namespaced_replica_set(ns).items, what="the ReplicaSet")[0]
+    return {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs.metadata.name, "uid": rs.metadata.uid}
