@@ -14,10 +14,11 @@ from tests.e2e.support.flow import (
     demo_service,
     init_id,
     pod_start_seconds,
+    run_python_pod,
     wait_serving,
     worker_health,
 )
-from tests.e2e.support.k8s import Cluster, pod_ready, wait_until
+from tests.e2e.support.k8s import Cluster, pod_ready
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -43,30 +44,7 @@ def test_every_node_is_ready(cluster: Cluster) -> None:
 def test_a_pod_reaches_the_api_server_through_the_kubernetes_service(
     cluster: Cluster, e2e_config: E2EConfig, namespace: str
 ) -> None:
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "in-cluster-probe"},
-        "spec": {
-            "restartPolicy": "Never",
-            "containers": [
-                {
-                    "name": "probe",
-                    "image": e2e_config.demo_image,
-                    "imagePullPolicy": "IfNotPresent",
-                    "command": ["python", "-c", IN_CLUSTER_PROBE],
-                }
-            ],
-        },
-    }
-    cluster.apply([pod], namespace)
-
-    def finished() -> str | None:
-        phase = cluster.core.read_namespaced_pod("in-cluster-probe", namespace).status.phase
-        return phase if phase in ("Succeeded", "Failed") else None
-
-    phase = wait_until(finished, timeout=e2e_config.timeout_s, what="the in-cluster probe pod to finish")
-    log = cluster.core.read_namespaced_pod_log("in-cluster-probe", namespace)
+    phase, log = run_python_pod(cluster, e2e_config, namespace, "in-cluster-probe", script=IN_CLUSTER_PROBE)
     assert phase == "Succeeded", f"in-cluster API access failed:\n{log}"
     assert log.strip().startswith("v1."), log
 

@@ -11,7 +11,8 @@ import json
 import pytest
 
 from tests.e2e.support.config import E2EConfig
-from tests.e2e.support.k8s import Cluster, wait_until
+from tests.e2e.support.flow import run_python_pod
+from tests.e2e.support.k8s import Cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -29,35 +30,9 @@ print(json.dumps(out))
 
 
 def probe(cluster: Cluster, cfg: E2EConfig, namespace: str, name: str, profile: dict[str, str]) -> dict[str, object]:
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "restartPolicy": "Never",
-            "securityContext": {"seccompProfile": profile},
-            "containers": [
-                {
-                    "name": "probe",
-                    "image": cfg.demo_image,
-                    "imagePullPolicy": "IfNotPresent",
-                    "command": ["python", "-c", PROBE],
-                }
-            ],
-        },
-    }
-    cluster.apply([pod], namespace)
-
-    def finished() -> str | None:
-        status = cluster.core.read_namespaced_pod(name, namespace).status
-        waiting = [s.state.waiting for s in status.container_statuses or [] if s.state and s.state.waiting]
-        if waiting and waiting[0].reason == "CreateContainerError":
-            return f"CreateContainerError: {waiting[0].message}"
-        return status.phase if status.phase in ("Succeeded", "Failed") else None
-
-    phase = wait_until(finished, timeout=cfg.timeout_s, what=f"the seccomp probe pod {name} to finish")
+    phase, log = run_python_pod(cluster, cfg, namespace, name, script=PROBE, security={"seccompProfile": profile})
     assert phase == "Succeeded", f"{name}: {phase}"
-    return json.loads(cluster.core.read_namespaced_pod_log(name, namespace).strip().splitlines()[-1])
+    return json.loads(log.strip().splitlines()[-1])
 
 
 def test_a_pod_naming_podsnaps_profile_or_its_old_name_gets_no_user_namespace_and_no_io_uring(

@@ -172,6 +172,41 @@ def chat(cluster: Cluster, namespace: str, service: str, prompt: str = "hello") 
     return answer
 
 
+def run_python_pod(
+    cluster: Cluster, cfg: E2EConfig, namespace: str, name: str, *, script: str, security: dict[str, Any] | None = None
+) -> tuple[str, str]:
+    """Run `script` with the demo image's python in a pod of its own (pod `securityContext` `security`) to
+    its end; (its phase, or the runtime's CreateContainerError, and its log)."""
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [
+            {
+                "name": "probe",
+                "image": cfg.demo_image,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["python", "-c", script],
+            }
+        ],
+    }
+    if security:
+        spec["securityContext"] = security
+    cluster.apply([{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}], namespace)
+
+    def finished() -> str | None:
+        status = cluster.core.read_namespaced_pod(name, namespace).status
+        waiting = [s.state.waiting for s in status.container_statuses or [] if s.state and s.state.waiting]
+        if waiting and waiting[0].reason == "CreateContainerError":
+            return f"CreateContainerError: {waiting[0].message}"
+        return status.phase if status.phase in ("Succeeded", "Failed") else None
+
+    phase = wait_until(finished, timeout=cfg.timeout_s, what=f"pod {name} to finish")
+    try:
+        log = cluster.core.read_namespaced_pod_log(name, namespace)
+    except ApiException as exc:  # a container that never started has no log
+        log = f"(no log: {exc.reason})"
+    return str(phase), str(log)
+
+
 def restoring(pod: kclient.V1Pod) -> bool:
     """Has the agent begun restoring into the pod and not yet said how it ended?"""
     cond = pod_condition(pod, contract.POD_CONDITION_RESTORED)
