@@ -11,6 +11,7 @@ import pytest
 
 from tests.support.criu import criu  # noqa: F401  (the one CRIU fixture)
 from tests.support.processes import Worker
+from tests.support.root_pods import make_pod, programs  # noqa: F401  (pods with a root of their own)
 
 
 @pytest.fixture

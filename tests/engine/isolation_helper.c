@@ -5,10 +5,14 @@
  *   helper pod ROOT       PID 1 of `unshare --pid --mount --uts --ipc --fork`: makes ROOT the root of its
  *                         mount namespace (pivot_root, /proc mounted, the host's tree detached), prints
  *                         "pod ready", then reaps orphans like a pod's pause process
- *   helper spawn          (inside a pod) starts a worker re-parented to PID 1 in its own session, prints
- *                         its PID
+ *   helper spawn [MODE]   (inside a pod) starts `helper MODE` (default worker) re-parented to PID 1 in its
+ *                         own session, prints its PID
  *   helper worker         fills 32 MiB with bytes derived from a random token, writes /state/ready; on
  *                         SIGUSR1 appends "token checksum count" to /state/report
+ *   helper tenant         a worker that also holds one of each path CRIU restores by name, under /data:
+ *                         an open file (/data/open/f, O_RDWR), a shared mapping (/data/map/f), its cwd
+ *                         (/data/cwd), a listening unix socket (/data/sock/s) and a ghost file (/data/ghost/g,
+ *                         open and unlinked)
  *   helper anything-else  a trojan: records that it ran as /pwned/exec-NAME and fails
  *   (-DNOLIBC -shared)    a shared object whose constructor records /pwned/so-loaded: what a planted
  *                         ld.so.preload entry, libc, CRIU plugin or NSS module would run
@@ -104,7 +108,7 @@ __attribute__((noreturn)) static void pod(const char *root)
 	}
 }
 
-static int spawn(const char *self)
+static int spawn(const char *self, const char *mode)
 {
 	int pfd[2];
 	if (pipe(pfd))
@@ -122,7 +126,7 @@ static int spawn(const char *self)
 			close(pfd[1]);
 			for (int fd = 0; fd < 3; fd++)
 				close(fd);
-			execl(self, self, "worker", (char *)NULL);
+			execl(self, self, mode, (char *)NULL);
 			_exit(112);
 		}
 		dprintf(pfd[1], "%d\n", (int)w);
@@ -163,7 +167,36 @@ static void write_file(const char *path, const char *text, int flags)
 	close(fd);
 }
 
-__attribute__((noreturn)) static void worker(void)
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+/* what `helper tenant` holds; the test replaces one of these directories with a symlink in the restore pod */
+static void hold_paths(void)
+{
+	static char *map;
+	int fd = open("/data/open/f", O_RDWR);
+	if (fd < 0)
+		die("/data/open/f");
+	int mfd = open("/data/map/f", O_RDWR);
+	if (mfd < 0)
+		die("/data/map/f");
+	map = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+	if (map == MAP_FAILED)
+		die("mmap /data/map/f");
+	close(mfd);
+	int sk = socket(AF_UNIX, SOCK_STREAM, 0);
+	struct sockaddr_un addr = { .sun_family = AF_UNIX, .sun_path = "/data/sock/s" };
+	if (sk < 0 || bind(sk, (struct sockaddr *)&addr, sizeof(addr)) || listen(sk, 1))
+		die("bind /data/sock/s");
+	int g = open("/data/ghost/g", O_RDWR | O_CREAT | O_EXCL, 0600);
+	if (g < 0 || write(g, "ghost\n", 6) != 6 || unlink("/data/ghost/g"))
+		die("/data/ghost/g");
+	if (chdir("/data/cwd"))
+		die("chdir /data/cwd");
+}
+
+__attribute__((noreturn)) static void worker(int tenant)
 {
 	uint64_t token;
 	if (getrandom(&token, sizeof(token), 0) != sizeof(token))
@@ -180,6 +213,8 @@ __attribute__((noreturn)) static void worker(void)
 	sigaddset(&block, SIGUSR1);
 	sigprocmask(SIG_BLOCK, &block, &old);
 	char line[128];
+	if (tenant)
+		hold_paths();
 	snprintf(line, sizeof(line), "%016llx %d\n", (unsigned long long)token, (int)getpid());
 	write_file("/state/ready.tmp", line, O_TRUNC);
 	rename("/state/ready.tmp", "/state/ready");
@@ -208,9 +243,11 @@ int main(int argc, char **argv)
 	if (argc >= 3 && !strcmp(argv[1], "pod"))
 		pod(argv[2]);
 	if (argc >= 2 && !strcmp(argv[1], "spawn"))
-		return spawn(argv[0]);
+		return spawn(argv[0], argc >= 3 ? argv[2] : "worker");
 	if (argc >= 2 && !strcmp(argv[1], "worker"))
-		worker();
+		worker(0);
+	if (argc >= 2 && !strcmp(argv[1], "tenant"))
+		worker(1);
 	return trojan(argc > 0 ? argv[0] : "unknown");
 }
 #endif

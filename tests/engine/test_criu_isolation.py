@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,13 +39,11 @@ from podsnap.engine import (
     capture,
     restore,
 )
+from tests.support.root_pods import MakePod, Programs, RootPod, alive, bare_root, install, state
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
-HERE = Path(__file__).resolve().parent
-SOURCE = HERE / "isolation_helper.c"
-#: CRIU options of the agent: connections are closed (a new pod has a new IP), so no network locking
 AGENT_CRIU = CriuOptions(tcp="close")
 #: every name CRIU may execute (kerndat, network locking, net ns, tmpfs, AppArmor, action scripts)
 TROJAN_NAMES = (
@@ -65,68 +63,25 @@ TROJAN_DIRS = ("bin", "sbin", "usr/bin", "usr/sbin", "usr/local/bin", "usr/local
 PLANTED_KDAT = b"podsnap-test: CRIU must neither read nor replace a kerndat cache of the container\n"
 
 
-@dataclass(frozen=True)
-class Programs:
-    helper: Path  # static: pod init, worker, spawner, and every trojan program
-    evil_so: Path  # a shared object whose constructor records that it ran
-    interp: Path  # an ELF interpreter that records that it ran
-
-
-@pytest.fixture(scope="session")
-def programs(tmp_path_factory: pytest.TempPathFactory) -> Programs:
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        pytest.skip("gcc not installed (apt-get install build-essential)")
-    out = tmp_path_factory.mktemp("isolation-programs")
-    builds = {
-        "helper": ["-static"],
-        "evil.so": ["-DNOLIBC", "-shared", "-fPIC", "-nostdlib"],
-        "interp": ["-DNOLIBC", "-static", "-nostdlib"],
-    }
-    for name, flags in builds.items():
-        r = subprocess.run(
-            [gcc, "-O1", "-Wall", "-Werror", *flags, "-o", str(out / name), str(SOURCE)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if r.returncode != 0:
-            pytest.skip(f"cannot build the test programs (gcc -static needs libc6-dev): {r.stderr.strip()[:200]}")
-    return Programs(out / "helper", out / "evil.so", out / "interp")
-
-
-def _install(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(src, dst)
-
-
-def bare_root(root: Path, progs: Programs) -> Path:
-    """A container root filesystem with one static program and no libc, loader or shell."""
-    for d in ("proc", "state", "pwned", "run", "tmp"):
-        (root / d).mkdir(parents=True, exist_ok=True)
-    _install(progs.helper, root / "bin" / "podtest")
-    return root
-
-
 def hostile_root(root: Path, progs: Programs) -> Path:
     """A bare root plus everything a workload could plant for a process that enters it as root."""
     bare_root(root, progs)
     (root / "etc").mkdir()
     (root / "etc" / "ld.so.preload").write_text("/lib/podsnap-evil.so\n")
-    _install(progs.evil_so, root / "lib" / "podsnap-evil.so")
-    _install(progs.interp, root / "lib64" / "ld-linux-x86-64.so.2")
-    _install(progs.interp, root / "lib" / "x86_64-linux-gnu" / "ld-linux-x86-64.so.2")
+    install(progs.evil_so, root / "lib" / "podsnap-evil.so")
+    install(progs.interp, root / "lib64" / "ld-linux-x86-64.so.2")
+    install(progs.interp, root / "lib" / "x86_64-linux-gnu" / "ld-linux-x86-64.so.2")
     for libdir in ("lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu", "lib64"):
         for lib in ("libc.so.6", "libprotobuf-c.so.1", "libnl-3.so.200", "libnet.so.1", "libnss_evil.so.2"):
-            _install(progs.evil_so, root / libdir / lib)
+            install(progs.evil_so, root / libdir / lib)
     for plugins in ("usr/lib/criu", "usr/local/lib/criu", "usr/lib64/criu"):
-        _install(progs.evil_so, root / plugins / "podsnap-evil.so")
+        install(progs.evil_so, root / plugins / "podsnap-evil.so")
     (root / "etc" / "nsswitch.conf").write_text(
         "".join(f"{db}: evil\n" for db in ("hosts", "protocols", "services", "passwd", "group"))
     )
     for d in TROJAN_DIRS:
         for name in TROJAN_NAMES:
-            _install(progs.helper, root / d / name)
+            install(progs.helper, root / d / name)
     # CRIU reads these unless told otherwise; an action script would run a trojan
     for conf in ("etc/criu/default.conf", "root/.criu/default.conf"):
         (root / conf).parent.mkdir(parents=True, exist_ok=True)
@@ -135,123 +90,12 @@ def hostile_root(root: Path, progs: Programs) -> Path:
     return root
 
 
-def _host_pid(ns_pid: int, init_pid: int) -> int:
-    """The host PID of `ns_pid` in the PID namespace of `init_pid` (from /proc/*/status NSpid)."""
-    want = Path(f"/proc/{init_pid}/ns/pid").stat().st_ino
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            fields = next(
-                ln.split()[1:] for ln in (entry / "status").read_text().splitlines() if ln.startswith("NSpid:")
-            )
-            if len(fields) >= 2 and int(fields[-1]) == ns_pid and (entry / "ns" / "pid").stat().st_ino == want:
-                return int(entry.name)
-    raise LookupError(f"no process {ns_pid} in the PID namespace of {init_pid}")
-
-
-def _state(pid: int) -> str:
-    """The process state letter of `pid` (R, S, T, Z...), or "gone"."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return "gone"
-
-
-def _alive(pid: int) -> bool:
-    return _state(pid) not in ("Z", "gone")
-
-
-@dataclass(frozen=True)
-class Report:
-    token: str
-    checksum: str
-    count: int
-
-
-class RootPod:
-    """A pod-like sandbox whose mount namespace has `root` as its root (like a container's), with its own
-    PID, UTS and IPC namespaces (host network) and a static init that reaps orphans."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        log, pidfile = root.parent / f"{root.name}.log", root.parent / f"{root.name}.unshare.pid"
-        cmd = (
-            f"echo $$ > {pidfile}; exec unshare --pid --mount --uts --ipc --fork "
-            f"{root}/bin/podtest pod {root} </dev/null >{log} 2>&1"
-        )
-        subprocess.run(["setsid", "-f", "sh", "-c", cmd], check=True)
-        wait_for(
-            lambda: "pod ready" in (log.read_text() if log.exists() else ""),
-            what="the pod to start",
-            timeout=20,
-            interval=0.02,
-        )
-        self.unshare_pid = int(pidfile.read_text())
-        children = Path(f"/proc/{self.unshare_pid}/task/{self.unshare_pid}/children").read_text().split()
-        self.init_pid = int(children[0])
-
-    def start_worker(self) -> tuple[int, int, str]:
-        """A worker inside, re-parented to the pod's init: (namespace PID, host PID, its random token)."""
-        r = subprocess.run(
-            ["nsenter", "-t", str(self.init_pid), "-m", "-u", "-i", "-n", "-p", "--", "/bin/podtest", "spawn"],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=30,
-        )
-        assert r.returncode == 0, r.stderr
-        ready = self.root / "state" / "ready"
-        wait_for(ready.exists, what="the worker to start", timeout=20, interval=0.02)
-        token, ns_pid = ready.read_text().split()
-        assert int(ns_pid) == int(r.stdout)
-        return int(ns_pid), _host_pid(int(ns_pid), self.init_pid), token
-
-    def ask(self, host_pid: int) -> Report:
-        """Have the worker report its token, a checksum of its memory and how often it was asked."""
-        report = self.root / "state" / "report"
-        seen = len(report.read_text().splitlines()) if report.exists() else 0
-        os.kill(host_pid, signal.SIGUSR1)
-        wait_for(
-            lambda: report.exists() and len(report.read_text().splitlines()) > seen,
-            what="the worker's report",
-            timeout=20,
-            interval=0.02,
-        )
-        token, checksum, count = report.read_text().splitlines()[-1].split()
-        return Report(token, checksum, int(count))
-
-    def markers(self) -> list[str]:
-        return sorted(p.name for p in (self.root / "pwned").iterdir())
-
-    def stop(self) -> None:
-        for pid in (self.unshare_pid, self.init_pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)  # the init dying takes the whole PID namespace with it
-
-
-MakePod = Callable[[Path], RootPod]
-
-
-@pytest.fixture
-def make_pod() -> Iterator[MakePod]:
-    pods: list[RootPod] = []
-
-    def make(root: Path) -> RootPod:
-        pods.append(RootPod(root))
-        return pods[-1]
-
-    yield make
-    for pod in pods:
-        pod.stop()
-
-
 def _round_trip(criu: Criu, src: RootPod, dst: RootPod, art: Path) -> None:
     _, host_pid, token = src.start_worker()
     before = src.ask(host_pid)
     assert before.token == token and before.count == 1
     capture(host_pid, art, CaptureOptions(namespace_pid=src.init_pid, criu=AGENT_CRIU), criu=criu)
-    wait_for(lambda: not _alive(host_pid), what="the dumped worker to go", timeout=20, interval=0.02)
+    wait_for(lambda: not alive(host_pid), what="the dumped worker to go", timeout=20, interval=0.02)
     restored = restore(art, RestoreOptions(namespace_pid=dst.init_pid, criu=AGENT_CRIU), criu=criu)
     after = dst.ask(restored.pid)
     assert (after.token, after.checksum) == (before.token, before.checksum), "memory came back bit-exact"
@@ -346,7 +190,7 @@ class CriuWatcher:
         nsenter = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
         os.kill(pid, signal.SIGSTOP)
         try:
-            wait_for(lambda: _state(pid) == "T", what="CRIU to stop", timeout=20, interval=0.02)
+            wait_for(lambda: state(pid) == "T", what="CRIU to stop", timeout=20, interval=0.02)
             sample = FdSample(pid)
             for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
                 sample.mounts.add(int(line.split()[0]))
@@ -363,7 +207,7 @@ class CriuWatcher:
             # nsenter stops itself when its child stops, and continues the child once it is continued
             with contextlib.suppress(AssertionError):  # wait_for times out with AssertionError
                 wait_for(
-                    lambda: _state(nsenter) in ("T", "gone"),
+                    lambda: state(nsenter) in ("T", "gone"),
                     what="nsenter to follow its child",
                     timeout=5,
                     interval=0.02,
@@ -391,10 +235,10 @@ def test_criu_holds_no_directory_of_the_agent_but_the_images_and_work_dirs(
 
     with CriuWatcher(criu.binary.exe) as watcher:
         criu.dump(ns_pid, images, dump_work, AGENT_CRIU, namespace_pid=src.init_pid)
-        wait_for(lambda: not _alive(host_pid), what="the dumped worker to go", timeout=20, interval=0.02)
+        wait_for(lambda: not alive(host_pid), what="the dumped worker to go", timeout=20, interval=0.02)
         restored_ns_pid = criu.restore(images, restore_work, AGENT_CRIU, namespace_pid=dst.init_pid)
     assert restored_ns_pid == ns_pid
-    assert dst.ask(_host_pid(ns_pid, dst.init_pid)).checksum == before.checksum
+    assert dst.ask(host_pid(ns_pid, dst.init_pid)).checksum == before.checksum
 
     assert len(watcher.samples) == 2, "the watcher saw the dump's CRIU and the restore's"
     for sample, pod, work in zip(watcher.samples, (src, dst), (dump_work, restore_work), strict=True):
@@ -472,7 +316,7 @@ def test_an_established_connection_is_dumped_without_running_any_program(criu: C
         result = capture(pid, tmp_path / "art", CaptureOptions(cuda="off"), criu=criu)
         assert "tcp-established" in result.manifest.criu_options
         assert "refused to run" not in (tmp_path / "art" / "logs" / "dump.log").read_text()
-        wait_for(lambda: not _alive(pid), what="the dumped pair to go", timeout=20, interval=0.02)
+        wait_for(lambda: not alive(pid), what="the dumped pair to go", timeout=20, interval=0.02)
         restored = restore(tmp_path / "art", criu=criu)
         os.kill(restored.pid, signal.SIGUSR1)
         wait_for(out.exists, what="a ping over the restored connection", timeout=20, interval=0.02)

@@ -228,15 +228,16 @@ def test_criu_is_not_started_where_its_dirs_do_not_resolve_to_ours(
     fds = [os.open(f"/proc/{pod.init_pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC) for name in nsenter.NAMESPACES]
     exe = os.open("/bin/true", os.O_PATH | os.O_CLOEXEC)
     work = os.open(tmp_path, os.O_PATH | os.O_DIRECTORY)
+    root = os.open(f"/proc/{pod.init_pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         child = nsenter.exec_in(
-            nsenter.Target(pod.init_pid, tuple(fds)), exe, ["true"], {}, keep_fds=[work], dirs=[work]
+            nsenter.Target(pod.init_pid, tuple(fds), root), exe, ["true"], {}, keep_fds=[work], dirs=[work]
         )
         r = subprocess.run(
             ["/nonexistent/never-run"], capture_output=True, text=True, check=False, preexec_fn=child, pass_fds=[work]
         )
     finally:
-        for fd in (*fds, exe, work):
+        for fd in (*fds, exe, work, root):
             os.close(fd)
     assert r.returncode == nsenter.EXIT_REFUSED
     assert f"/proc/self/fd/{work} inside pid {pod.init_pid}'s mount namespace is not ours" in r.stdout

@@ -59,16 +59,21 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(picked)
 
 
-# CRIU warns about these on every restore in a container; they never say why a run failed
-_HARMLESS = ("RLIMIT_NOFILE",)
+# CRIU logs these on runs in a container while it probes the kernel (kerndat: no /dev/null, no tun, the
+# helper programs podsnap's CRIU refuses to run); they never say why a run failed
+_HARMLESS = ("RLIMIT_NOFILE", "criu/netfilter.c", "criu/kerndat.c", "criu/tun.c", 'execvp("')
+#: hack/criu-confine.c's refusals: a workload's path CRIU did not follow; that is the cause of the failure
+CONFINE_MARK = "(podsnap confine)"
 
 
 def first_error(path: Path) -> str | None:
-    """CRIU's first error line in the log at `path` (the root cause; later ones are consequences)."""
+    """The cause of a failed run in CRIU's log at `path`: a refusal of the path confinement, else CRIU's first
+    error line (later ones are consequences)."""
     with contextlib.suppress(OSError):
-        for line in path.read_text(errors="replace").splitlines():
-            if "Error" in line and not any(h in line for h in _HARMLESS):
-                return line.strip()[:_CAUSE_CHARS]
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if "Error" in ln]
+        confined = [ln for ln in lines if CONFINE_MARK in ln]
+        for line in confined or [ln for ln in lines if not any(h in ln for h in _HARMLESS)]:
+            return line.strip()[:_CAUSE_CHARS]
     return None
 
 

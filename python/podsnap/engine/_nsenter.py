@@ -117,6 +117,20 @@ def check_user_ns(pids: Iterable[int]) -> None:
             )
 
 
+def check_own_pid_ns(pid: int) -> None:
+    """Refuse a target in this process's PID namespace (a hostPID pod): its /proc is the host's, every
+    process of the node is there by PID, and CRIU would open what a workload names in it as root."""
+    try:
+        theirs, own = Path(f"/proc/{pid}/ns/pid").stat(), Path("/proc/self/ns/pid").stat()
+    except OSError as exc:
+        raise Refused(f"cannot read the PID namespace of pid {pid}: {exc}") from exc
+    if _same(theirs, own):
+        raise Refused(
+            f"pid {pid} is in the host's PID namespace (a hostPID pod): namespace mode needs a pod with a PID "
+            "namespace of its own"
+        )
+
+
 def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
@@ -167,12 +181,17 @@ class Target:
 
     pid: int
     fds: tuple[int, ...]
+    #: an O_PATH fd of the target's root directory: CRIU is chrooted there, so that the root its every path
+    #: resolution stops at is the container's own (hack/criu-confine.c builds on that), whatever the
+    #: runtime made the mount namespace's root
+    root: int
 
     def close(self) -> None:
-        for fd in self.fds:
+        for fd in (*self.fds, self.root):
             with contextlib.suppress(OSError):
-                os.close(fd)
-        self.fds = ()
+                if fd >= 0:
+                    os.close(fd)
+        self.fds, self.root = (), -1
 
 
 def _check_owner(pid: int, name: str, fd: int, own: os.stat_result) -> None:
@@ -196,9 +215,15 @@ def target(pid: int, expected_start: int | None = None) -> Iterator[Target]:
     """Open and check the namespaces of `pid` (see the module's doc); raise Refused. Closed afterwards."""
     check_same_process(pid, expected_start)
     check_user_ns([pid])
+    check_own_pid_ns(pid)
     own = _own_user_ns()
     fds: list[int] = []
+    root = -1
     try:
+        try:
+            root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise Refused(f"cannot open the root directory of pid {pid}: {exc}") from exc
         for name in NAMESPACES:
             try:
                 fds.append(os.open(f"/proc/{pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC))
@@ -208,8 +233,8 @@ def target(pid: int, expected_start: int | None = None) -> Iterator[Target]:
         check_proc_mounts(pid)
         # the fds were opened from whoever had `pid` then: still the expected process means they are its
         check_same_process(pid, expected_start)
-        t = Target(pid, tuple(fds))
-        fds = []
+        t = Target(pid, tuple(fds), root)
+        fds, root = [], -1
         try:
             yield t
         finally:
@@ -217,6 +242,8 @@ def target(pid: int, expected_start: int | None = None) -> Iterator[Target]:
     finally:
         for fd in fds:
             os.close(fd)
+        if root >= 0:
+            os.close(root)
 
 
 def check(pid: int, expected_start: int | None = None, *, tree: Sequence[int] = ()) -> None:
@@ -282,6 +309,10 @@ def exec_in(
 
     def grandchild() -> None:
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        # the process root becomes the target's root: no `..` and no absolute symlink CRIU follows for the
+        # workload can leave it (magic links are hack/criu-confine.c's)
+        if _libc.fchdir(t.root) != 0 or _libc.chroot(b".") != 0:
+            _die(f"cannot change root to the root of pid {t.pid}: {os.strerror(ctypes.get_errno())}")
         for fd in dir_fds:
             try:
                 seen = os.stat(f"/proc/self/fd/{fd}")  # noqa: PTH116 - between fork and exec: os only
