@@ -39,7 +39,7 @@ from podsnap.engine import (
     capture,
     restore,
 )
-from tests.support.root_pods import MakePod, Programs, RootPod, alive, bare_root, install, state
+from tests.support.root_pods import MakePod, Programs, RootPod, alive, bare_root, install, pid_in_pod, state
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -238,7 +238,7 @@ def test_criu_holds_no_directory_of_the_agent_but_the_images_and_work_dirs(
         wait_for(lambda: not alive(host_pid), what="the dumped worker to go", timeout=20, interval=0.02)
         restored_ns_pid = criu.restore(images, restore_work, AGENT_CRIU, namespace_pid=dst.init_pid)
     assert restored_ns_pid == ns_pid
-    assert dst.ask(host_pid(ns_pid, dst.init_pid)).checksum == before.checksum
+    assert dst.ask(pid_in_pod(ns_pid, dst.init_pid)).checksum == before.checksum
 
     assert len(watcher.samples) == 2, "the watcher saw the dump's CRIU and the restore's"
     for sample, pod, work in zip(watcher.samples, (src, dst), (dump_work, restore_work), strict=True):

@@ -68,7 +68,7 @@ def bare_root(root: Path, progs: Programs) -> Path:
     return root
 
 
-def host_pid(ns_pid: int, init_pid: int) -> int:
+def pid_in_pod(ns_pid: int, init_pid: int) -> int:
     """The host PID of `ns_pid` in the PID namespace of `init_pid` (from /proc/*/status NSpid)."""
     want = Path(f"/proc/{init_pid}/ns/pid").stat().st_ino
     for entry in Path("/proc").iterdir():
@@ -139,7 +139,7 @@ class RootPod:
         wait_for(ready.exists, what="the worker to start", timeout=20, interval=0.02)
         token, ns_pid = ready.read_text().split()
         assert int(ns_pid) == int(r.stdout)
-        return int(ns_pid), host_pid(int(ns_pid), self.init_pid), token
+        return int(ns_pid), pid_in_pod(int(ns_pid), self.init_pid), token
 
     def ask(self, host_pid: int) -> Report:
         """Have the worker report its token, a checksum of its memory and how often it was asked."""
